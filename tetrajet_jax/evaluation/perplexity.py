@@ -1,0 +1,87 @@
+"""Validation loss, perplexity and bits per byte for any logits function.
+
+Bits per byte divides the summed negative log-likelihood (in bits) by the
+UTF-8 bytes the scored targets stand for, so runs with different tokenizers
+compare. With a byte-level tokenizer each id covers a fixed number of bytes
+(`Tokenizer.token_byte_lengths`), which makes the byte count exact for any
+subset of batches, special tokens (EOS) counting zero bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LogitsFn = Callable[[jax.Array], jax.Array]
+
+
+@jax.jit
+def _batch_stats(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, token_bytes: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  logp_BxTxV = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  target_logp_BxT = jnp.take_along_axis(logp_BxTxV, targets[..., None], axis=-1)[..., 0]
+  nll = -(target_logp_BxT * weights).sum()
+  n_bytes = (token_bytes[targets] * weights).sum()
+  return nll, weights.sum(), n_bytes
+
+
+def evaluate_perplexity(
+    logits_fn: LogitsFn,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    token_bytes: np.ndarray | None = None,
+    max_batches: int | None = None,
+) -> dict[str, float]:
+  """Mean next-token loss over validation batches.
+
+  Args:
+    logits_fn: ``tokens int32[B, T] -> float[B, T, V]`` (e.g. a jitted apply).
+    batches: dicts with ``inputs``/``targets`` int32[B, T] and optional
+      ``weights`` float[B, T] (as from `make_val_dataset`).
+    token_bytes: int[V'] bytes per id (``tokenizer.token_byte_lengths()``);
+      ``None`` leaves ``bits_per_byte`` as NaN. Padded model vocabularies
+      (V > V') are fine: the extra ids count zero bytes.
+    max_batches: stop after this many batches.
+
+  Returns:
+    ``{"loss": nats/token, "ppl": exp(loss), "bits_per_byte", "tokens",
+    "bytes"}``.
+
+  Raises:
+    ValueError: no batch held any weighted target.
+  """
+  nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
+  tb = None
+  for i, batch in enumerate(batches):
+    if max_batches is not None and i >= max_batches:
+      break
+    inputs = jnp.asarray(batch["inputs"], jnp.int32)
+    targets = jnp.asarray(batch["targets"], jnp.int32)
+    weights = jnp.asarray(batch.get("weights", np.ones(targets.shape, np.float32)), jnp.float32)
+    logits = logits_fn(inputs)
+    if logits.shape[:2] != targets.shape:
+      raise ValueError(f"logits_fn returned {logits.shape}, expected {targets.shape} + (vocab,)")
+    if tb is None:
+      vocab = logits.shape[-1]
+      tb = np.zeros(vocab, np.float32)
+      if token_bytes is not None:
+        if len(token_bytes) > vocab:
+          raise ValueError(f"model vocab {vocab} < tokenizer vocab {len(token_bytes)}")
+        tb[: len(token_bytes)] = token_bytes
+      tb = jnp.asarray(tb)
+    nll, count, nb = _batch_stats(logits, targets, weights, tb)
+    nll_sum += float(nll)
+    n_tok += float(count)
+    n_bytes += float(nb)
+  if n_tok == 0:
+    raise ValueError("no validation tokens were scored: the batches were empty or all weights 0; "
+                     "check the val split (`python -m tetrajet_jax.data.build`).")
+  loss = nll_sum / n_tok
+  bpb = nll_sum / (math.log(2) * n_bytes) if token_bytes is not None and n_bytes > 0 else math.nan
+  return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bpb,
+          "tokens": n_tok, "bytes": n_bytes}
