@@ -1,0 +1,64 @@
+"""Random Hadamard transform on 16-element chunks (RHT-16, spec 2).
+
+y = (1/4) H16 D x on each contiguous 16-chunk along `axis`, H16 the Sylvester
+Hadamard matrix and D = diag(signs), signs in {-1, +1} drawn from `key`.
+(1/4) H16 D is orthogonal, so applying the same transform to both operands of
+a GEMM along its reduction axis leaves the product unchanged, while it spreads
+outliers across the chunk before quantization.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tetrajet_jax.numerics import checks
+
+RHT_BLOCK = 16
+
+
+def hadamard_signs(key: jax.Array) -> jax.Array:
+  """The 16 random signs (float32, +-1) that `key` stands for."""
+  return jax.random.rademacher(key, (RHT_BLOCK,), dtype=jnp.float32)
+
+
+def _fwht16(x: jax.Array) -> jax.Array:
+  """Unnormalized Sylvester-Hadamard transform over the last axis (size 16).
+
+  Butterflies with adds only: exact orthogonal structure, no matmul precision
+  setting (an f32 matmul on GPU may run as TF32).
+  """
+  lead = x.shape[:-1]
+  h = 1
+  while h < RHT_BLOCK:
+    x = x.reshape(*lead, RHT_BLOCK // (2 * h), 2, h)
+    a, b = x[..., 0, :], x[..., 1, :]
+    x = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, RHT_BLOCK)
+    h *= 2
+  return x
+
+
+def _chunked(x: jax.Array, axis: int, fn) -> jax.Array:
+  x = jnp.asarray(x)
+  axis = checks.normalize_axis(axis, x.ndim, "random_hadamard_16")
+  n = x.shape[axis]
+  if n % RHT_BLOCK:
+    raise ValueError(
+        f"random_hadamard_16: axis {axis} has length {n}, not a multiple of {RHT_BLOCK}; "
+        f"zero-pad it to {n + (-n) % RHT_BLOCK} first.")
+  xc = jnp.moveaxis(x, axis, -1)
+  lead = xc.shape[:-1]
+  y = fn(xc.reshape(*lead, n // RHT_BLOCK, RHT_BLOCK)).reshape(*lead, n)
+  return jnp.moveaxis(y, -1, axis)
+
+
+def random_hadamard_16(x: jax.typing.ArrayLike, key: jax.Array, *, axis: int = -1) -> jax.Array:
+  """Applies (1/4) H16 D to each 16-chunk of x along `axis` (same key -> same D)."""
+  d = hadamard_signs(key)
+  return _chunked(x, axis, lambda c: _fwht16(c * d) * 0.25)
+
+
+def inverse_random_hadamard_16(y: jax.typing.ArrayLike, key: jax.Array, *, axis: int = -1) -> jax.Array:
+  """Inverse of random_hadamard_16 with the same key: x = D (1/4) H16 y."""
+  d = hadamard_signs(key)
+  return _chunked(y, axis, lambda c: _fwht16(c) * 0.25 * d)
