@@ -107,3 +107,8 @@ def test_empty_split_is_a_clear_error(tmp_path, monkeypatch):
 def test_missing_data_names_the_build_command(tmp_path):
   with pytest.raises(FileNotFoundError, match="tetrajet_jax.data.build --vocab-size 512"):
     locate.locate_data("bpe512", cache_dir=tmp_path, bundle_dir=tmp_path)
+
+
+def test_cli_reports_bad_input_with_exit_code_2(tmp_path, capsys):
+  assert build_lib.main(["--sources", "nope", "--cache", str(tmp_path), "--no-eval", "-q"]) == 2
+  assert "unknown corpus source" in capsys.readouterr().err

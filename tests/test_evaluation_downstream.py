@@ -177,3 +177,10 @@ def test_real_request_files_have_the_standard_validation_sizes():
     insts = eval_requests.read_wheel_task(_REAL_WHEEL, task)
     assert len(insts) == n
     assert all(0 <= i.gold < len(i.continuations) for i in insts)
+
+
+def test_cli_rejects_unknown_task(capsys):
+  from tetrajet_jax.evaluation import __main__ as cli
+
+  assert cli.main(["--tasks", "nope"]) == 2
+  assert "valid tasks" in capsys.readouterr().err

@@ -209,7 +209,12 @@ def load_task(
     eval_dir = locate.locate_eval_dir()
   path = Path(eval_dir) / f"{name}.jsonl.gz"
   if not path.is_file():
-    prepare_task(name, cache_dir=Path(eval_dir).parent)
+    cache_eval = cache.default_cache_dir() / "eval"
+    if Path(eval_dir).resolve() != cache_eval.resolve():
+      raise FileNotFoundError(
+          f"{path} does not exist; run `{cache.BUILD_COMMAND}` (it extracts the eval requests) "
+          "and re-pack the bundle, or pass eval_dir=<cache>/eval.")
+    prepare_task(name, cache_dir=cache_eval.parent)
   instances = read_compact(path)
   if limit is not None and limit < len(instances):
     keep = sorted(random.Random(seed).sample(range(len(instances)), limit))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +194,7 @@ def evaluate_downstream(
     limit: int | None = None,
     max_len: int = 1024,
     batch_size: int = 32,
-    eval_dir=None,
+    eval_dir: Path | None = None,
     seed: int = 0,
 ) -> dict[str, TaskResult]:
   """Zero-shot accuracy of a model on several tasks.
