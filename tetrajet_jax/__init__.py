@@ -1,15 +1,21 @@
 """tetrajet-jax: fully quantized NVFP4 training (TetraJet-v2) in JAX.
 
 Public surface; everything else may move. Layers, bottom to top:
-numerics (formats, quantizers, RHT) -> linear (custom_vjp layer, recipes) ->
-nn (Flax) / optim (OsciReset) -> model, data, train -> experiments.
+  numerics (formats, quantizers, RHT)
+  -> linear (custom_vjp quantized linear, recipes, GEMM execution)
+  -> nn (Flax NNX layers) / optim (OsciReset)
+  -> model, data, evaluation, train
+  -> experiments (ablation runner, outside the package)
 """
 
+from tetrajet_jax.linear import Recipe, linear, recipes
+from tetrajet_jax.nn import QuantLinear, freeze_outlier_channels, quantize_linears, set_outcontrol_phase
 from tetrajet_jax.numerics import (MXFP8Tensor, NonFiniteError, NVFP4Tensor, check_numerics, dequantize,
                                    inverse_random_hadamard_16, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
 
 __all__ = [
-    "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "check_numerics", "dequantize",
-    "inverse_random_hadamard_16", "quantize_mxfp8", "quantize_nvfp4", "random_hadamard_16",
+    "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "QuantLinear", "Recipe", "check_numerics", "dequantize",
+    "freeze_outlier_channels", "inverse_random_hadamard_16", "linear", "quantize_linears", "quantize_mxfp8",
+    "quantize_nvfp4", "random_hadamard_16", "recipes", "set_outcontrol_phase",
 ]

@@ -1,0 +1,295 @@
+"""The quantized linear layer: y = x @ kernel with NVFP4 forward and backward.
+
+Notation follows spec 2 with Flax's layout: x [M, K], kernel [K, N] (= W^T),
+y [M, N]. The three GEMMs and their quantizers:
+
+  forward  Y  = Q1(X) . Q2(W)                 both along K
+  dgrad    dX = Q3(H dY) . Q4(H W_hat^T)      both along N, H = RHT-16 (key_dx)
+  wgrad    dW = Q6(H X_hat^T) . Q5(H dY^T)    both along M (tokens), H from key_dw
+
+With `aligned_backward`, Q4/Q6 re-quantize the forward's dequantized operands
+W_hat = deq(Q2(W)) and X_hat = deq(Q1(X)), so with stochastic rounding the
+gradient estimates are unbiased for the computation the forward really did:
+E[dX] = dY W_hat, E[dW] = X_hat^T dY. The same RHT on both operands of a GEMM
+cancels in the product (H^T H = I).
+
+OutControl (spec 4): `outlier_idx` names input channels that run in MXFP8 in
+the forward and in the weight gradient (no RHT, no SR there); the input
+gradient stays all-FP4 from the assembled W_hat.
+
+The forward saves X in quantized form (packed codes + scales), not a bf16
+copy; W is re-quantized from the master weight in the backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tetrajet_jax.linear import recipes as recipes_lib
+from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode, gemm_nt
+from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
+                                   dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
+                                   random_hadamard_16)
+from tetrajet_jax.numerics.checks import pad_axis_to_multiple
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
+
+Recipe = recipes_lib.Recipe
+# NVIDIA's recipe uses one fixed RHT sign vector for the whole run.
+_FIXED_RHT_SEED = 0x7E7A
+
+
+class _Keys(NamedTuple):
+  rht_dx: jax.Array
+  rht_dw: jax.Array
+  q: tuple[jax.Array, ...]  # q[i] for quantizer Q(i+1)
+
+
+def _split_keys(key: jax.Array, recipe: Recipe) -> _Keys:
+  """Independent keys per transform and per quantizer (never shared by the two
+  operands of one GEMM, which would correlate their rounding)."""
+  ks = jax.random.split(key, 8)
+  if recipe.rht_fixed_signs:
+    fixed = jax.random.key(_FIXED_RHT_SEED)
+    return _Keys(fixed, fixed, tuple(ks[2:]))
+  return _Keys(ks[0], ks[1], tuple(ks[2:]))
+
+
+def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int,
+              weight: bool = False) -> NVFP4Tensor | jax.Array:
+  """Applies quantizer Q(i) along `axis`; a disabled quantizer returns x (float32)."""
+  cfg = recipe.quantizers[i - 1]
+  if not cfg.enabled:
+    return jnp.moveaxis(x.astype(jnp.float32), axis, -1)  # same canonical layout
+  return quantize_nvfp4(
+      x, axis=axis, rounding=cfg.rounding, key=keys.q[i - 1] if cfg.rounding == "stochastic" else None,
+      scaling=recipe.scaling, block_2d=weight and recipe.weight_block_2d)
+
+
+def _values(op: NVFP4Tensor | jax.Array) -> jax.Array:
+  """Canonical-layout float32 values of an operand (dequantized if quantized)."""
+  if isinstance(op, NVFP4Tensor):
+    return dequantize_nvfp4_canonical(op)
+  return op
+
+
+def _rht(x: jax.Array, key: jax.Array, enabled: bool, axis: int) -> jax.Array:
+  return random_hadamard_16(x, key, axis=axis) if enabled else x
+
+
+def _complement(outlier_idx: jax.Array, k: int) -> jax.Array:
+  """Sorted indices of the channels not in outlier_idx (static count)."""
+  mask = jnp.zeros((k,), jnp.bool_).at[outlier_idx].set(True)
+  return jnp.nonzero(~mask, size=k - outlier_idx.shape[0])[0].astype(jnp.int32)
+
+
+class _Residuals(NamedTuple):
+  x_fwd: Any  # Q1(X) (NVFP4Tensor) or X (Q1 off), FP4 channels: what X_hat is rebuilt from
+  x_out: Any  # MXFP8Tensor of X's outlier channels, or None
+  q6_pre: Any  # Q6 operand computed in the forward (non-aligned recipes), or None
+  kernel: jax.Array  # master weight: W is re-quantized from it
+  key: jax.Array
+  outlier_idx: Any
+  x_dtype: jax.Array  # empty array carrying x's dtype (dX is returned in it)
+
+
+def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
+  m, k = x.shape
+  keys = _split_keys(key, recipe)
+  if outlier_idx is None:
+    x_fp4, w_fp4, x_out = x, kernel, None
+  else:
+    rest = _complement(outlier_idx, k)
+    x_fp4, w_fp4 = x[:, rest], kernel[rest]
+    x_out = quantize_mxfp8(x[:, outlier_idx], axis=-1)
+  xq = _quantize(x_fp4, 1, recipe, keys, axis=-1)  # [M, K'] along K
+  wq = _quantize(w_fp4, 2, recipe, keys, axis=0, weight=True)  # [N, K'] along K
+  y = gemm_nt(xq, wq, mode=gemm, out_dtype=jnp.float32)
+  if x_out is not None:
+    w_out = quantize_mxfp8(kernel[outlier_idx], axis=0)  # [N, n_out] along K
+    y = y + gemm_nt(x_out, w_out, mode=gemm, out_dtype=jnp.float32)
+  q6_pre = None
+  if not recipe.aligned_backward:
+    # Non-aligned (NVIDIA): Q6 quantizes the high-precision X; doing it now
+    # means the residual is 4.5-bit X^T instead of a bf16 copy of X.
+    q6_pre = _wgrad_x_operand(x_fp4, recipe, keys)
+  res = _Residuals(x_fwd=xq if recipe.aligned_backward else None, x_out=x_out, q6_pre=q6_pre,
+                   kernel=kernel, key=key, outlier_idx=outlier_idx, x_dtype=jnp.zeros((0,), x.dtype))
+  return y.astype(recipe.out_dtype), res
+
+
+def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
+  """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw."""
+  xp = pad_axis_to_multiple(x_src.astype(jnp.float32), 0, OUTER_BLOCK)  # [Mp, K']
+  xp = _rht(xp, keys.rht_dw, recipe.rht_wgrad, axis=0)
+  return _quantize(xp, 6, recipe, keys, axis=0)  # canonical [K', Mp]
+
+
+def _w_hat(kernel: jax.Array, outlier_idx, recipe: Recipe, keys: _Keys) -> jax.Array:
+  """W_hat [K, N]: the forward's dequantized weight, assembled from both parts."""
+  k = kernel.shape[0]
+  if outlier_idx is None:
+    return _values(_quantize(kernel, 2, recipe, keys, axis=0, weight=True))[:, :k].T
+  rest = _complement(outlier_idx, k)
+  w_rest = _values(_quantize(kernel[rest], 2, recipe, keys, axis=0, weight=True))[:, :rest.shape[0]].T
+  w_out = dequantize_mxfp8_canonical(quantize_mxfp8(kernel[outlier_idx], axis=0))[:, :outlier_idx.shape[0]].T
+  return jnp.zeros(kernel.shape, jnp.float32).at[rest].set(w_rest).at[outlier_idx].set(w_out)
+
+
+def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
+  kernel, outlier_idx = res.kernel, res.outlier_idx
+  k, n = kernel.shape
+  m = dy.shape[0]
+  keys = _split_keys(res.key, recipe)
+  dy = dy.astype(jnp.float32)  # [M, N]
+
+  # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
+  w_src = _w_hat(kernel, outlier_idx, recipe, keys) if recipe.aligned_backward else kernel
+  a3 = _quantize(_rht(dy, keys.rht_dx, recipe.rht_dgrad, axis=-1), 3, recipe, keys, axis=-1)  # [M, Np]
+  b4 = _quantize(_rht(w_src, keys.rht_dx, recipe.rht_dgrad, axis=-1), 4, recipe, keys, axis=-1,
+                 weight=True)  # [K, Np]
+  dx = gemm_nt(a3, b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
+
+  # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
+  dyp = pad_axis_to_multiple(dy, 0, OUTER_BLOCK)  # [Mp, N]
+  a5 = _quantize(_rht(dyp, keys.rht_dw, recipe.rht_wgrad, axis=0), 5, recipe, keys, axis=0)  # [N, Mp]
+  if recipe.aligned_backward:
+    x_hat = _values(res.x_fwd)[:m]  # [M, K'] (block scaling: K' is a multiple of 128, no crop)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys)
+  else:
+    b6 = res.q6_pre
+  dw_fp4 = gemm_nt(b6, a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]
+  if outlier_idx is None:
+    dw = dw_fp4
+  else:
+    # Outlier channels: MXFP8 dY^T x MXFP8 X_hat_out^T along M, no RHT, no SR.
+    x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :outlier_idx.shape[0]]  # [M, n_out]
+    dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy, axis=0), mode=gemm,
+                     out_dtype=jnp.float32)  # [n_out, N]
+    rest = _complement(outlier_idx, k)
+    dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[outlier_idx].set(dw_out)
+  return dx, dw[:k]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _linear_2d(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
+  return _forward(x, kernel, key, outlier_idx, recipe, gemm)[0]
+
+
+def _linear_2d_fwd(x, kernel, key, outlier_idx, recipe, gemm):
+  return _forward(x, kernel, key, outlier_idx, recipe, gemm)
+
+
+def _linear_2d_bwd(recipe, gemm, res: _Residuals, dy):
+  dx, dw = _backward(recipe, gemm, res, dy)
+  return dx.astype(res.x_dtype.dtype), dw.astype(res.kernel.dtype), None, None
+
+
+_linear_2d.defvjp(_linear_2d_fwd, _linear_2d_bwd)
+
+
+def outlier_count(k: int, fraction: float) -> int:
+  """OutControl's channel count: ceil(p*K) rounded up to a multiple of 128,
+  capped at floor(K/128)*128 (spec 4), and never all of K."""
+  if fraction <= 0:
+    return 0
+  n = int(np.ceil(fraction * k / 128.0)) * 128
+  return min(n, (k // 128) * 128, max(k - 128, 0))
+
+
+def validate_linear_shapes(k: int, n: int, recipe: Recipe) -> None:
+  mult = recipe.k_multiple
+  for what, d in (("in_features K", k), ("out_features N", n)):
+    if d % mult:
+      raise ValueError(
+          f"linear: {what}={d} is not a multiple of {mult}, which recipe {recipe.name!r} needs "
+          f"({'1x128 FP32 blocks' if mult == 128 else '16-element blocks'} along the GEMM reduction axes). "
+          f"Pad the layer to {d + (-d) % mult} or run it with recipe 'bf16'.")
+
+
+def linear(
+    x: jax.typing.ArrayLike,
+    kernel: jax.typing.ArrayLike,
+    *,
+    recipe: str | Recipe = "tetrajet_v2",
+    key: jax.Array | None = None,
+    outlier_idx: jax.typing.ArrayLike | None = None,
+    gemm: GemmMode = "fast",
+) -> jax.Array:
+  """Quantized y = x @ kernel with an NVFP4 forward and backward (custom_vjp).
+
+  Args:
+    x: activations [..., K].
+    kernel: weight [K, N] (Flax layout: in x out), the FP32 master weight.
+    recipe: a Recipe or preset name ('bf16', 'nvidia_nvfp4', 'tetrajet_v2',
+      'tetrajet_v2_outcontrol', ...).
+    key: PRNG key for stochastic rounding and RHT signs; required when the
+      recipe uses them. Use a fresh key per layer per step.
+    outlier_idx: int array of input channels (OutControl) that run in MXFP8;
+      its length must be a multiple of 128. None or empty = pure FP4.
+    gemm: 'exact' (FP32 reference), 'fast' (XLA bf16) or 'pallas'.
+
+  Returns:
+    y [..., N] in the recipe's out_dtype (bf16 by default).
+
+  Example:
+    >>> y = linear(x, kernel, recipe="tetrajet_v2", key=jax.random.key(0))
+  """
+  recipe = recipes_lib.get(recipe)
+  check_gemm_mode(gemm)
+  x = jnp.asarray(x)
+  kernel = jnp.asarray(kernel)
+  if kernel.ndim != 2:
+    raise ValueError(f"linear: kernel must be 2-D [in, out], got shape {kernel.shape}.")
+  k, n = kernel.shape
+  if x.ndim < 1 or x.shape[-1] != k:
+    raise ValueError(f"linear: x has shape {x.shape} but kernel expects {k} input features "
+                     f"(x[..., {k}] @ kernel[{k}, {n}]).")
+  lead = x.shape[:-1]
+  if not recipe.quantized:
+    y = jax.lax.dot_general(x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16),
+                            (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return y.astype(recipe.out_dtype)
+  validate_linear_shapes(k, n, recipe)
+  if key is None:
+    if recipe.needs_key:
+      raise ValueError(f"linear: recipe {recipe.name!r} uses stochastic rounding / random Hadamard "
+                       "signs and needs key=jax.random.key(...) (a fresh one per layer per step).")
+    key = jax.random.key(0)  # unused by deterministic recipes
+  if outlier_idx is not None:
+    outlier_idx = jnp.asarray(outlier_idx)
+    if outlier_idx.ndim != 1 or not jnp.issubdtype(outlier_idx.dtype, jnp.integer):
+      raise ValueError(f"linear: outlier_idx must be a 1-D integer array, got {outlier_idx.dtype}{outlier_idx.shape}.")
+    if outlier_idx.shape[0] == 0:
+      outlier_idx = None
+    elif outlier_idx.shape[0] % 128 or outlier_idx.shape[0] >= k:
+      raise ValueError(f"linear: {outlier_idx.shape[0]} outlier channels; the count must be a multiple of "
+                       f"128 and less than K={k} (use outlier_count(K, p)).")
+    elif recipe.scaling != "block":
+      raise ValueError(f"linear: OutControl channels need a block-scaled recipe, not {recipe.name!r}.")
+  if outlier_idx is not None:
+    outlier_idx = outlier_idx.astype(jnp.int32)
+  y = _linear_2d(x.reshape(-1, k), kernel, key, outlier_idx, recipe, gemm)
+  return y.reshape(*lead, n)
+
+
+def residual_bytes_per_token(recipe: str | Recipe, k: int, n: int, *, outlier_fraction: float | None = None,
+                             tokens: int = 4096) -> float:
+  """Bytes the forward keeps for the backward, per token (excluding the
+  weight, which is a parameter anyway), measured from the traced residuals."""
+  recipe = recipes_lib.get(recipe)
+  x = jax.ShapeDtypeStruct((tokens, k), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((k, n), jnp.float32)
+  if not recipe.quantized:
+    return 2.0 * k  # a bf16 dot keeps x (bf16) for dW
+  p = recipe.outlier_fraction if outlier_fraction is None else outlier_fraction
+  n_out = outlier_count(k, p)
+  idx = None if n_out == 0 else jax.ShapeDtypeStruct((n_out,), jnp.int32)
+  res = jax.eval_shape(lambda a, b, i: _forward(a, b, jax.random.key(0), i, recipe, "fast")[1], x, w, idx)
+  leaves = [res.x_fwd, res.x_out, res.q6_pre]
+  total = sum(int(np.prod(l.shape)) * jnp.dtype(l.dtype).itemsize for l in jax.tree.leaves(leaves))
+  return total / tokens

@@ -1,0 +1,6 @@
+"""Flax (NNX) layers built on the quantized linear."""
+
+from tetrajet_jax.nn.quant_linear import (OUTCONTROL_PHASES, OutControlChannels, OutControlStats, QuantKeyState,
+                                          QuantLinear, freeze_outlier_channels, iter_quant_linears,
+                                          outlier_channels_tree, quantize_linears, quantized_kernel_filter,
+                                          set_outcontrol_phase)
