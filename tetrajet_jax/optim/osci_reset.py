@@ -1,0 +1,322 @@
+"""OsciReset: find FP4 weights that oscillate between two grid values and reset
+their master weights onto the value they keep landing on (spec section 3).
+
+For every element of every tracked weight, with Q the forward quantizer:
+  D_Q = sum_t |Q(w_t) - Q(w_{t-1})|,  D_W = sum_t |w_t - w_{t-1}|
+over a window of T updates, R = D_Q / D_W (0 where D_W = 0); at the window's
+last update, elements with R >= tau land exactly on Q(w). An oscillating
+element has a large D_Q (every flip costs a whole grid gap) for a tiny D_W.
+
+Schedule, in optimizer updates n = 0, 1, ... (the update that turns w_n into
+w_{n+1}): periods start at S, S + P, S + 2P, ...; updates n in
+[S + kP, S + kP + T) form the window of period k; the window's last update
+n = S + kP + T - 1 applies the reset. Before S and between windows the
+transformation only counts updates. Q(w_{n}) is recomputed from `params`
+(the optimizer's input), so no snapshot of weights or codes is stored.
+
+The transformation goes after the optimizer in a chain, so it sees the
+parameters the update would produce:
+  optax.chain(optax.adamw(...), osci_reset(start_step=..., period=...))
+A reset replaces the update of a reset element by q - w (q = Q(w + u)), so
+that `optax.apply_updates` lands on q bitwise; Adam's moments are untouched.
+
+Exactness: p + fl(q - p) == q holds whenever q/2 <= p <= 2q (Sterbenz) or q
+== 0, which covers every oscillating element (w moves by far less than a grid
+gap). For any other element the two float neighbours of fl(q - p) are tried
+as well; if none lands on q exactly the element keeps its upstream update
+(it then counts as risky but not reset, so `num_risky_last - num_reset`
+shows it).
+
+Memory (state only; see docs/OSCI_RESET.md for measured figures):
+  track_fraction = 1: D_Q, D_W float32 per tracked weight: 8 bytes/weight.
+  track_fraction = f < 1: per tracked element int32 index + 2 float32
+    accumulators: 12 * ceil(f * n) / n bytes/weight (1.2 at f = 0.1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tetrajet_jax.optim.weight_quantizer import (NVFP4WeightQuantizer, ParamFilter, Path, Quantizer,
+                                                 default_param_filter, leaves_with_paths, nest, path_name)
+
+
+class OsciResetState(NamedTuple):
+  """OsciReset's state. Per-leaf fields are nested dicts holding only the tracked leaves (by path).
+
+  Fields (n = elements of a tracked leaf, k = ceil(track_fraction * n)):
+    count: int32 []; updates seen so far (the index n of the next update).
+    d_q: {path: float32 [*shape] (track_fraction = 1) or [k]}; window sum |Q(w_t) - Q(w_{t-1})|.
+    d_w: {path: same as d_q}; window sum |w_t - w_{t-1}|.
+    index: {path: int32 [k]}, flat (row-major) indices tracked in the current
+      period (track_fraction < 1); {} when every element is tracked.
+    num_active: {path: int32 []}; elements that take part (outlier rows excluded) at the last window update.
+    num_risky: {path: int32 []}; elements with R >= tau so far in the current window (live).
+    num_risky_last: {path: int32 []}; elements with R >= tau at the end of the last completed window.
+    num_reset: {path: int32 []}; elements reset at the last reset.
+  """
+
+  count: jax.Array
+  d_q: Any
+  d_w: Any
+  index: Any
+  num_active: Any
+  num_risky: Any
+  num_risky_last: Any
+  num_reset: Any
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ValueError(f"osci_reset: {name} must be an int, got {value!r}.")
+  if value < minimum:
+    raise ValueError(f"osci_reset: {name} must be >= {minimum}, got {value}.")
+  return value
+
+
+def _exact_step(p: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(d, ok): an update d with p + d == q in p's dtype where ok; tries fl(q - p) and its two neighbours."""
+  d0 = q - p
+  d, ok = d0, (p + d0) == q
+  for cand in (jnp.nextafter(d0, jnp.inf), jnp.nextafter(d0, -jnp.inf)):
+    hit = ~ok & ((p + cand) == q)
+    d, ok = jnp.where(hit, cand, d), ok | hit
+  return d, ok
+
+
+def _row_active(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any]) -> jax.Array:
+  """bool [shape[0]]: rows (input channels) that take part; outlier rows are False."""
+  idx = outliers.get(path)
+  active = jnp.ones((shape[0],), jnp.bool_)
+  if idx is None:
+    return active
+  idx = jnp.asarray(idx)
+  if not jnp.issubdtype(idx.dtype, jnp.integer):
+    raise ValueError(f"osci_reset: outlier_channels for {path_name(path)!r} must be integer indices, "
+                     f"got dtype {idx.dtype}.")
+  return active.at[idx.reshape(-1).astype(jnp.int32)].set(False, mode="drop")
+
+
+def osci_reset(
+    *,
+    start_step: int,
+    period: int,
+    window: int = 50,
+    threshold: float = 8.0,
+    quantizer: Quantizer | None = None,
+    param_filter: ParamFilter | None = None,
+    track_fraction: float = 1.0,
+) -> optax.GradientTransformationExtraArgs:
+  """Oscillation reset (TetraJet-v2 OsciReset), chained after the optimizer.
+
+  Args:
+    start_step: first update of the first period (spec S); nothing happens
+      before it. Small runs rescale S, P, T to their own schedule (the paper
+      starts 60-70% into the cosine decay).
+    period: updates between period starts (spec P).
+    window: updates per window (spec T), 1 <= window < period.
+    threshold: tau; elements with D_Q / D_W >= tau are reset.
+    quantizer: w -> Q(w), float32 of w's shape; default: the forward's RTN
+      NVFP4 along axis 0 of [in, out] kernels (`NVFP4WeightQuantizer()`).
+      With track_fraction < 1 it must also have `edge_distance(w)`.
+    param_filter: (path, leaf) -> bool, path a tuple of str keys; default
+      `default_param_filter` (2-D 'kernel' leaves outside 'embed'/'lm_head').
+      Tracked leaves must be float32 (the master weights).
+    track_fraction: fraction of each leaf's elements tracked per period
+      (memory-lean variant): at each period start the ceil(f * n) elements
+      closest to an RTN decision threshold.
+
+  Returns:
+    A GradientTransformationExtraArgs. `update(updates, state, params,
+    outlier_channels=None)` needs `params`; `outlier_channels` is a tree like
+    params (or a sub-tree of it) whose leaves are int32 row indices (input
+    channels, axis 0) that run in MXFP8, or None; those rows never take part.
+
+  Example:
+    >>> tx = optax.chain(optax.adamw(1e-3),
+    ...                  osci_reset(start_step=8000, period=200, window=50))
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update(grads, state, params)
+  """
+  start_step = _check_int("start_step", start_step, 0)
+  window = _check_int("window", window, 1)
+  period = _check_int("period", period, 1)
+  if window >= period:
+    raise ValueError(f"osci_reset: window ({window}) must be shorter than period ({period}); "
+                     f"windows of consecutive periods would overlap.")
+  if not threshold > 0:
+    raise ValueError(f"osci_reset: threshold must be > 0, got {threshold} (the paper uses 8).")
+  threshold = float(threshold)
+  if not 0.0 < track_fraction <= 1.0:
+    raise ValueError(f"osci_reset: track_fraction must be in (0, 1], got {track_fraction} "
+                     f"(1 tracks every element; 0.1 is the paper's memory-lean variant).")
+  lean = track_fraction < 1.0
+  quantizer = NVFP4WeightQuantizer() if quantizer is None else quantizer
+  if not callable(quantizer):
+    raise ValueError(f"osci_reset: quantizer must be callable w -> Q(w), got {quantizer!r}.")
+  if lean and not callable(getattr(quantizer, "edge_distance", None)):
+    raise ValueError("osci_reset: track_fraction < 1 needs a quantizer with an edge_distance(w) method "
+                     "(distance to the nearest decision threshold in grid gaps), e.g. NVFP4WeightQuantizer.")
+  param_filter = default_param_filter if param_filter is None else param_filter
+
+  def num_tracked(size: int) -> int:
+    return min(size, math.ceil(track_fraction * size)) if lean else size
+
+  def init_fn(params):
+    leaves = leaves_with_paths(params)
+    tracked = {p: w for p, w in leaves.items() if param_filter(p, w)}
+    if not tracked:
+      names = ", ".join(path_name(p) for p in list(leaves)[:8])
+      raise ValueError(f"osci_reset: param_filter matches no parameter (first paths: {names}); "
+                       f"the default tracks 2-D leaves named 'kernel' outside 'embed'/'lm_head'.")
+    for p, w in tracked.items():
+      if jnp.asarray(w).dtype != jnp.float32:
+        raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} has dtype {jnp.asarray(w).dtype}; "
+                         f"OsciReset needs float32 master weights to land on Q(w) exactly.")
+      if jnp.ndim(w) < 1:
+        raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} is a scalar; exclude it in param_filter.")
+
+    def acc(w):
+      shape = (num_tracked(w.size),) if lean else w.shape
+      return jnp.zeros(shape, jnp.float32)
+
+    zero = lambda w: jnp.zeros((), jnp.int32)
+    return OsciResetState(
+        count=jnp.zeros((), jnp.int32),
+        d_q=nest({p: acc(w) for p, w in tracked.items()}),
+        d_w=nest({p: acc(w) for p, w in tracked.items()}),
+        index=nest({p: jnp.zeros((num_tracked(w.size),), jnp.int32) for p, w in tracked.items()}) if lean else {},
+        num_active=nest({p: zero(w) for p, w in tracked.items()}),
+        num_risky=nest({p: zero(w) for p, w in tracked.items()}),
+        num_risky_last=nest({p: zero(w) for p, w in tracked.items()}),
+        num_reset=nest({p: zero(w) for p, w in tracked.items()}),
+    )
+
+  def leaf_window_step(path, p, u, fields, row_active, starts, ends):
+    """One window update of one leaf: (new update, new per-leaf fields)."""
+    d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset = fields
+    w_new = (p + u).astype(p.dtype)  # what optax.apply_updates will produce
+    q_prev, q_new = quantizer(p), quantizer(w_new)
+    active = jnp.broadcast_to(row_active.reshape((-1,) + (1,) * (p.ndim - 1)), p.shape)
+    if lean:
+      def select(_):
+        score = jnp.where(active, quantizer.edge_distance(p), jnp.inf).reshape(-1)
+        _, idx = jax.lax.top_k(-score, index.shape[0])
+        return jnp.sort(idx).astype(jnp.int32)  # sorted: gathers and scatters walk memory in order
+      index = jax.lax.cond(starts, select, lambda _: index, None)
+      pick = lambda x: x.reshape(-1)[index]
+      p_t, q_prev_t, q_new_t, w_new_t, active_t = map(pick, (p, q_prev, q_new, w_new, active))
+    else:
+      p_t, q_prev_t, q_new_t, w_new_t, active_t = p, q_prev, q_new, w_new, active
+    d_q = jnp.where(starts, 0.0, d_q) + jnp.where(active_t, jnp.abs(q_new_t - q_prev_t), 0.0)
+    d_w = jnp.where(starts, 0.0, d_w) + jnp.where(active_t, jnp.abs(w_new_t - p_t), 0.0)
+    risk = jnp.where(d_w > 0, d_q / jnp.where(d_w > 0, d_w, 1.0), 0.0)
+    risky = active_t & (risk >= threshold)
+    step, exact = _exact_step(p_t, q_new_t)
+    reset = risky & exact & ends
+    if lean:
+      u_flat = u.reshape(-1)
+      u = u_flat.at[index].set(jnp.where(reset, step, u_flat[index]), unique_indices=True).reshape(u.shape)
+    else:
+      u = jnp.where(reset, step, u)
+    n_risky = jnp.sum(risky, dtype=jnp.int32)
+    n_risky_last = jnp.where(ends, n_risky, n_risky_last)
+    n_reset = jnp.where(ends, jnp.sum(reset, dtype=jnp.int32), n_reset)
+    n_active = jnp.sum(active, dtype=jnp.int32)
+    return u, (d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset)
+
+  def update_fn(updates, state, params=None, *, outlier_channels=None, **extra_args):
+    del extra_args  # other transformations' extra arguments
+    if params is None:
+      raise ValueError("osci_reset: update needs params (tx.update(updates, state, params)); it must see "
+                       "the weights the update produces to track Q(w).")
+    u_leaves = leaves_with_paths(updates)
+    p_leaves = leaves_with_paths(params)
+    names = [tuple(p) for p in leaves_with_paths(state.d_q)]
+    for path in names:
+      if path not in p_leaves or path not in u_leaves:
+        raise ValueError(f"osci_reset: tracked parameter {path_name(path)!r} is missing from params/updates; "
+                         f"the tree changed since init.")
+    outliers: dict[Path, Any] = {}
+    if outlier_channels is not None:
+      outliers = {p: v for p, v in leaves_with_paths(outlier_channels, is_leaf=lambda x: x is None).items()
+                  if v is not None}
+      unknown = [path_name(p) for p in outliers if p not in p_leaves]
+      if unknown:
+        raise ValueError(f"osci_reset: outlier_channels names paths that are not parameters: {unknown}.")
+
+    def per_leaf(field):
+      flat = leaves_with_paths(field)
+      return [flat[p] for p in names]
+
+    fields = list(zip(per_leaf(state.d_q), per_leaf(state.d_w),
+                      per_leaf(state.index) if lean else [None] * len(names),
+                      per_leaf(state.num_active), per_leaf(state.num_risky),
+                      per_leaf(state.num_risky_last), per_leaf(state.num_reset)))
+    us = [u_leaves[p] for p in names]
+    ps = [p_leaves[p] for p in names]
+    rows = [_row_active(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
+
+    n = state.count
+    offset = n - start_step
+    phase = jnp.where(offset >= 0, offset % period, period)
+    in_window = (offset >= 0) & (phase < window)
+    starts, ends = phase == 0, phase == window - 1
+
+    def window_step(operands):
+      us, fields = operands
+      out = [leaf_window_step(path, p, u, f, r, starts, ends)
+             for path, p, u, f, r in zip(names, ps, us, fields, rows)]
+      return [o[0] for o in out], [o[1] for o in out]
+
+    new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))
+    u_leaves = dict(u_leaves)
+    u_leaves.update(zip(names, new_us))
+    new_updates = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(updates), list(u_leaves.values()))
+    column = lambda i: nest({p: f[i] for p, f in zip(names, new_fields)})
+    new_state = OsciResetState(
+        count=optax.safe_increment(n),
+        d_q=column(0), d_w=column(1), index=column(2) if lean else {},
+        num_active=column(3), num_risky=column(4), num_risky_last=column(5), num_reset=column(6))
+    return new_updates, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def find_osci_reset_state(opt_state: Any) -> OsciResetState:
+  """The single OsciResetState inside an optimizer state (chain, MultiSteps, inject_hyperparams)."""
+  found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, OsciResetState))
+           if isinstance(x, OsciResetState)]
+  if len(found) != 1:
+    raise ValueError(f"Expected exactly one OsciResetState in the optimizer state, found {len(found)}.")
+  return found[0]
+
+
+def osci_reset_metrics(state: Any) -> dict[str, jax.Array]:
+  """Slash-namespaced metrics from an OsciResetState (or an optimizer state holding one).
+
+  Keys, per tracked layer `<path>` and aggregated over layers (weighted by
+  the number of participating elements):
+    osci/reset_frac[/<path>]: fraction of elements reset at the last reset.
+    osci/risk_frac[/<path>]: fraction with R >= tau at the end of the last completed window.
+    osci/window_risk_frac[/<path>]: fraction with R >= tau so far in the current window.
+  Fractions are over participating elements (outlier rows excluded); 0 before
+  the first window. Works under jit.
+  """
+  st = state if isinstance(state, OsciResetState) else find_osci_reset_state(state)
+  active = leaves_with_paths(st.num_active)
+  counts = {"reset_frac": leaves_with_paths(st.num_reset), "risk_frac": leaves_with_paths(st.num_risky_last),
+            "window_risk_frac": leaves_with_paths(st.num_risky)}
+  out: dict[str, jax.Array] = {}
+  total_active = sum(a.astype(jnp.float32) for a in active.values())
+  for key, num in counts.items():
+    for path, c in num.items():
+      out[f"osci/{key}/{path_name(path)}"] = c.astype(jnp.float32) / jnp.maximum(active[path], 1).astype(jnp.float32)
+    total = sum(c.astype(jnp.float32) for c in num.values())
+    out[f"osci/{key}"] = total / jnp.maximum(total_active, 1.0)
+  return out
