@@ -1,0 +1,49 @@
+"""Capability probe and interpret-mode plumbing shared by the kernels.
+
+Every kernel here targets Mosaic GPU on Hopper (sm_90: wgmma, TMA). Elsewhere
+the callers fall back to the XLA path; `interpret=True` runs the same kernel
+body in Mosaic GPU's interpreter on CPU (JAX 0.11's `InterpretGPUParams`),
+which simulates SMEM, TMA, barriers, warpgroups and wgmma, so CI exercises
+the real kernel code, not a re-implementation of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.experimental.pallas.mosaic_gpu as plgpu
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_available() -> bool:
+  """True when the default JAX device is a CUDA GPU of compute capability 9.x."""
+  try:
+    dev = jax.devices()[0]
+  except RuntimeError:
+    return False
+  if dev.platform != "gpu":
+    return False
+  cc = str(getattr(dev, "compute_capability", ""))
+  return cc.startswith("9.")
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(interpret: bool) -> int:
+  """Streaming multiprocessors to launch persistent grids over (2 when interpreting)."""
+  if interpret or not hopper_available():
+    return 2
+  return int(jax.devices()[0].core_count)
+
+
+def interpret_context(interpret: bool):
+  """Context manager that runs Mosaic GPU kernels traced inside it on the CPU interpreter."""
+  if not interpret:
+    return contextlib.nullcontext()
+  return plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())
+
+
+def interpret_params(interpret: bool):
+  """The `interpret=` argument of pl.pallas_call: GPU interpreter params, or False."""
+  return plgpu.InterpretGPUParams() if interpret else False

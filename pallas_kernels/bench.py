@@ -1,0 +1,273 @@
+"""Checks and times the Pallas NVFP4 kernels against same-run baselines (H200).
+
+  PYTHONPATH=. python -m pallas_kernels.bench [--quick] [--out results/kernels_bench.json]
+
+Prints one table of ratios (median of repeats, one run): quantizer bandwidth vs
+a device-to-device copy-equivalent (elementwise negate: reads and writes the
+same bytes) and vs the jitted XLA quantizer; NVFP4 GEMM TFLOP/s vs XLA's bf16
+dot and vs jax.nn.scaled_dot_general(nvfp4) where it runs; the TetraJet-v2
+linear fwd+bwd vs a bf16 linear when tetrajet_jax.linear exists. Every timed
+kernel is first checked against its reference on the same inputs (bitwise for
+the quantizer, FP32-accumulation tolerance for the GEMM); a variant that fails
+its check is reported and not timed. Writes the table as JSON with the commit
+and device name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.nvfp4_gemm import GemmConfig, block_scaled_bf16_gemm, nvfp4_gemm, nvfp4_gemm_reference
+from pallas_kernels.nvfp4_quantize import quantize_nvfp4_rtn
+from tetrajet_jax.numerics import nvfp4_bf16_operand, quantize_nvfp4
+
+GEMM_SHAPES = [  # (M, K, N): out [M, N] = A [M, K] @ B [N, K]^T
+    (8192, 8192, 8192),
+    (16384, 1024, 3072),
+    (16384, 1024, 1024),
+    (16384, 1024, 8192),
+    (16384, 4096, 1024),
+]
+GEMM_CONFIGS = {
+    "t128x128_s2": GemmConfig(tile_m=128, tile_n=128, max_concurrent_steps=2),
+    "t128x64_s3": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=3),
+    "t64x128_s3": GemmConfig(tile_m=64, tile_n=128, max_concurrent_steps=3),
+}
+QUANT_SHAPES = [(16384, 4096), (16384, 1024)]
+
+
+def _commit() -> str:
+  env = os.environ.get("BENCH_COMMIT")
+  if env:
+    return env
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+  except Exception:  # noqa: BLE001 - the device copy may carry no .git
+    return "unknown"
+
+
+def time_fn(fn, *args, reps: int = 15, inner: int = 5) -> float:
+  """Median seconds per call: `inner` back-to-back calls per sample, after warm-up."""
+  out = fn(*args)
+  jax.block_until_ready(out)
+  jax.block_until_ready(fn(*args))
+  samples = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    for _ in range(inner):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    samples.append((time.perf_counter() - t0) / inner)
+  return statistics.median(samples)
+
+
+def _nbytes(tree) -> int:
+  return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
+def _same_bits(a, b) -> bool:
+  a, b = np.asarray(a), np.asarray(b)
+  if a.dtype != b.dtype or a.shape != b.shape:
+    return False
+  return bool((a.view(np.uint8) == b.view(np.uint8)).all())
+
+
+def _tensors_equal(t, r) -> bool:
+  return (_same_bits(t.codes, r.codes) and _same_bits(t.scale_inner, r.scale_inner)
+          and _same_bits(t.scale_outer, r.scale_outer))
+
+
+def _test_input(key, shape, dtype):
+  k1, k2 = jax.random.split(key)
+  x = jax.random.normal(k1, shape, jnp.float32) * jnp.exp(2.0 * jax.random.normal(k2, shape, jnp.float32))
+  x = x.at[0, :128].set(0.0).at[1, :16].set(1e-30).at[2, 7].set(3e5)
+  return x.astype(dtype)
+
+
+def bench_quantizers(rows: list, log, quick: bool):
+  shapes = QUANT_SHAPES[:1] if quick else QUANT_SHAPES
+  for shape in shapes:
+    for dtype in (jnp.bfloat16, jnp.float32):
+      x = _test_input(jax.random.key(1), shape, dtype)
+      copy = jax.jit(lambda v: -v)
+      t_copy = time_fn(copy, x)
+      copy_bw = 2 * x.nbytes / t_copy
+      xla_q = jax.jit(lambda v: quantize_nvfp4(v, axis=-1))
+      ref = xla_q(x)
+      out_bytes = _nbytes((ref.codes, ref.scale_inner, ref.scale_outer))
+      t_xla = time_fn(xla_q, x)
+      dname = jnp.dtype(dtype).name
+      rows.append(dict(kind="quant", name=f"xla quantize_nvfp4 {dname}", shape=shape, ms=t_xla * 1e3,
+                       gbps=(x.nbytes + out_bytes) / t_xla / 1e9, vs_copy=(x.nbytes + out_bytes) / t_xla / copy_bw,
+                       vs_xla=1.0, copy_gbps=copy_bw / 1e9, ok=True))
+      variants = [("rows64_s2", dict(block_rows=64, max_concurrent_steps=2)),
+                  ("rows64_s4", dict(block_rows=64, max_concurrent_steps=4)),
+                  ("rows128_s2", dict(block_rows=128, max_concurrent_steps=2))]
+      for vname, kw in variants:
+        for emit in (False, True):
+          name = f"pallas rtn {dname} {vname}{' +operand' if emit else ''}"
+          try:
+            f = jax.jit(lambda v, kw=kw, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit, **kw))
+            got = f(x)
+            t, qs = got if emit else (got, None)
+            ok = _tensors_equal(t, ref)
+            if emit:
+              ok = ok and _same_bits(qs, nvfp4_bf16_operand(ref)[0])
+            if not ok:
+              rows.append(dict(kind="quant", name=name, shape=shape, ok=False, error="MISMATCH vs reference"))
+              continue
+            dt = time_fn(f, x)
+            nb = x.nbytes + out_bytes + (qs.nbytes if emit else 0)
+            rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nb / dt / 1e9,
+                             vs_copy=nb / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
+          except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
+            log.write(f"{name} {shape}:\n{traceback.format_exc()}\n")
+            rows.append(dict(kind="quant", name=name, shape=shape, ok=False,
+                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        log.flush()
+
+
+def _gemm_operands(m, k, n, seed=0):
+  ka, kb = jax.random.split(jax.random.key(seed))
+  a = quantize_nvfp4(_test_input(ka, (m, k), jnp.float32), axis=-1)
+  b = quantize_nvfp4(jax.random.normal(kb, (n, k), jnp.float32), axis=-1)
+  return a, b
+
+
+def check_gemm(cfg: GemmConfig) -> tuple[bool, float]:
+  """Relative max error vs the f32 HIGHEST reference at a mid-size shape (fresh data)."""
+  m, k, n = 2 * cfg.cta_tile_m * 4, 1024, cfg.cta_tile_n * 4
+  a, b = _gemm_operands(m, k, n, seed=7)
+  out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32, config=cfg))(a, b)
+  ref = nvfp4_gemm_reference(a, b)
+  err = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
+  return bool(np.isfinite(err) and err < 1e-5), err
+
+
+def bench_gemms(rows: list, log, quick: bool):
+  shapes = GEMM_SHAPES[:2] if quick else GEMM_SHAPES
+  ok_cfgs = {}
+  for cname, cfg in GEMM_CONFIGS.items():
+    try:
+      ok, err = check_gemm(cfg)
+      ok_cfgs[cname] = ok
+      rows.append(dict(kind="gemm_check", name=f"pallas gemm {cname}", ok=ok, rel_err=err))
+    except Exception as e:  # noqa: BLE001
+      log.write(f"gemm check {cname}:\n{traceback.format_exc()}\n")
+      rows.append(dict(kind="gemm_check", name=f"pallas gemm {cname}", ok=False,
+                       error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+  for (m, k, n) in shapes:
+    flops = 2.0 * m * n * k
+    a, b = _gemm_operands(m, k, n)
+    a_qs, a_so = nvfp4_bf16_operand(a)
+    b_qs, b_so = nvfp4_bf16_operand(b)
+    xa, xb = jax.random.normal(jax.random.key(3), (m, k), jnp.bfloat16), jax.random.normal(
+        jax.random.key(4), (n, k), jnp.bfloat16)
+    dot = jax.jit(lambda x, y: jnp.dot(x, y.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    t_dot = time_fn(dot, xa, xb)
+    shape = (m, k, n)
+    rows.append(dict(kind="gemm", name="xla bf16 dot", shape=shape, ms=t_dot * 1e3, tflops=flops / t_dot / 1e12,
+                     vs_bf16=1.0, ok=True))
+    for cname, cfg in GEMM_CONFIGS.items():
+      if not ok_cfgs.get(cname):
+        continue
+      try:
+        kern = jax.jit(lambda aq, asc, bq, bsc, cfg=cfg: block_scaled_bf16_gemm(aq, asc, bq, bsc, config=cfg))
+        dt = time_fn(kern, a_qs, a_so, b_qs, b_so)
+        rows.append(dict(kind="gemm", name=f"pallas block-scaled bf16 gemm {cname}", shape=shape, ms=dt * 1e3,
+                         tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
+        full = jax.jit(lambda a, b, cfg=cfg: nvfp4_gemm(a, b, config=cfg))
+        dt = time_fn(full, a, b)
+        rows.append(dict(kind="gemm", name=f"pallas nvfp4_gemm (+XLA decode) {cname}", shape=shape,
+                         ms=dt * 1e3, tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
+      except Exception as e:  # noqa: BLE001
+        log.write(f"gemm {cname} {shape}:\n{traceback.format_exc()}\n")
+        rows.append(dict(kind="gemm", name=f"pallas gemm {cname}", shape=shape, ok=False,
+                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+    try:
+      cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
+      sdg = jax.jit(lambda x, y: jax.nn.scaled_dot_general(
+          x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16, configs=cfgs))
+      dt = time_fn(sdg, xa, xb)
+      rows.append(dict(kind="gemm", name="jax.nn.scaled_dot_general nvfp4", shape=shape, ms=dt * 1e3,
+                       tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
+    except Exception as e:  # noqa: BLE001
+      log.write(f"scaled_dot_general {shape}:\n{traceback.format_exc()}\n")
+      rows.append(dict(kind="gemm", name="jax.nn.scaled_dot_general nvfp4", shape=shape, ok=False,
+                       error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+    log.flush()
+
+
+def bench_linear(rows: list, log):
+  """TetraJet-v2 linear fwd+bwd vs bf16 linear; needs tetrajet_jax.linear (the lead's layer)."""
+  try:
+    import tetrajet_jax.linear as linear  # noqa: F401 - lazy: lands separately
+  except ImportError as e:
+    rows.append(dict(kind="linear", name="tetrajet linear fwd+bwd", ok=False,
+                     error=f"skipped: tetrajet_jax.linear not importable ({e})"))
+    return
+  rows.append(dict(kind="linear", name="tetrajet linear fwd+bwd", ok=False,
+                   error="skipped: linear-layer benchmark hook not wired to its API yet"))
+
+
+def format_table(rows: list) -> str:
+  lines = []
+  for r in rows:
+    shape = "x".join(map(str, r.get("shape", ()))) or "-"
+    if not r.get("ok"):
+      lines.append(f"{r['kind']:<10} {r['name']:<48} {shape:<18} FAILED/SKIPPED {r.get('error', '')}"
+                   f"{' rel_err=%.2e' % r['rel_err'] if 'rel_err' in r else ''}")
+    elif r["kind"] == "quant":
+      lines.append(f"quant      {r['name']:<48} {shape:<18} {r['ms']:8.3f} ms {r['gbps']:7.0f} GB/s "
+                   f"vs_copy={r['vs_copy']:.2f} vs_xla={r['vs_xla']:.2f}")
+    elif r["kind"] == "gemm":
+      lines.append(f"gemm       {r['name']:<48} {shape:<18} {r['ms']:8.3f} ms {r['tflops']:6.0f} TFLOP/s "
+                   f"vs_bf16={r['vs_bf16']:.2f}")
+    elif r["kind"] == "gemm_check":
+      lines.append(f"check      {r['name']:<48} ok rel_err={r['rel_err']:.2e}")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", default="results/kernels_bench.json")
+  p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
+  p.add_argument("--quick", action="store_true", help="first shapes only")
+  p.add_argument("--only", choices=["quant", "gemm", "linear"], default=None)
+  args = p.parse_args(argv)
+  dev = jax.devices()[0]
+  header = dict(commit=_commit(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
+                date=time.strftime("%Y-%m-%d %H:%M:%S"))
+  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+  rows: list = []
+  with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
+    for section, fn in (("quant", lambda: bench_quantizers(rows, log, args.quick)),
+                        ("gemm", lambda: bench_gemms(rows, log, args.quick)),
+                        ("linear", lambda: bench_linear(rows, log))):
+      if args.only in (None, section):
+        n0 = len(rows)
+        fn()
+        print(format_table(rows[n0:]), flush=True)
+        with open(args.out, "w") as f:  # after each section: a timeout keeps what was measured
+          json.dump(dict(header, rows=rows), f, indent=1, default=str)
+  print("=" * 30, "summary")
+  print(json.dumps(header))
+  print(format_table(rows))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

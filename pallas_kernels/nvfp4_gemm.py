@@ -1,0 +1,277 @@
+"""Exact NVFP4 GEMM on Hopper: bf16 wgmma per 128-wide K chunk, FP32 promotion.
+
+Math (spec section 1, exactness note). For operands quantized along K with
+1x16 E4M3 inner scales inside 1x128 FP32 outer scales,
+
+  out[m, n] = sum_c  (sum_{k in chunk c} qa[m,k] * qb[n,k]) * (sa[m,c] * sb[n,c])
+
+where qa = q * s_in is exact in bf16. The kernel runs bf16 wgmma over each
+128-wide chunk into a fresh FP32 accumulator, multiplies that partial by the
+FP32 product sa[m,c] * sb[n,c] and adds it to the running FP32 sum
+("promotion", as in the reference SM120 kernel). The only roundings are FP32
+accumulation order and the final cast to out_dtype.
+
+Design ("operand" design, issue 7 item 2, second option): the exact bf16
+operand q * s_in is materialized (by `nvfp4_bf16_operand`, or fused in the
+quantizer kernel) and the GEMM streams bf16 tiles through TMA. Warp-specialized
+pipeline: one memory warpgroup issues TMA loads of A [tm, 128], B [2 tn, 128]
+and the per-chunk scale rows, two compute warpgroups each own a [tm, tn]
+output tile. Persistent grid over the output tiles (one CTA per SM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_kernels import _platform
+from tetrajet_jax.numerics import NVFP4Tensor, dequantize_nvfp4_canonical, nvfp4_bf16_operand
+
+CHUNK_K = 128  # one FP32 outer block along K: the promotion interval
+_SMEM_BYTES = 227 * 1024
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmConfig:
+  """Tiling of the block-scaled bf16 GEMM.
+
+  Attributes:
+    tile_m: rows of the output tile of one compute warpgroup (multiple of 64).
+    tile_n: columns of the output tile of one compute warpgroup (multiple of 64).
+    max_concurrent_steps: TMA pipeline depth (K chunks in flight).
+    epi_tile_m, epi_tile_n: epilogue sub-tile written through SMEM per TMA store.
+    grid_tile_width: width of the planar snake over output tiles (L2 reuse).
+  """
+
+  tile_m: int = 128
+  tile_n: int = 128
+  max_concurrent_steps: int = 2
+  epi_tile_m: int = 64
+  epi_tile_n: int = 64
+  grid_tile_width: int = 8
+
+  def __post_init__(self):
+    if self.tile_m % 64 or self.tile_n % 64:
+      raise ValueError(f"GemmConfig: tile_m={self.tile_m}, tile_n={self.tile_n} must be multiples of 64 "
+                       "(wgmma M granularity and the 128-byte swizzle).")
+    if self.tile_m % self.epi_tile_m or self.tile_n % self.epi_tile_n:
+      raise ValueError(f"GemmConfig: epilogue tile ({self.epi_tile_m}, {self.epi_tile_n}) must divide "
+                       f"the warpgroup tile ({self.tile_m}, {self.tile_n}).")
+    if self.max_concurrent_steps < 1:
+      raise ValueError(f"GemmConfig: max_concurrent_steps={self.max_concurrent_steps} must be >= 1.")
+
+  @property
+  def cta_tile_m(self) -> int:
+    return self.tile_m
+
+  @property
+  def cta_tile_n(self) -> int:
+    return 2 * self.tile_n  # two compute warpgroups side by side along N
+
+  def smem_bytes(self, out_itemsize: int = 2) -> int:
+    stage = (self.cta_tile_m + self.cta_tile_n) * CHUNK_K * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
+    out = 2 * 2 * self.epi_tile_m * self.epi_tile_n * out_itemsize
+    return self.max_concurrent_steps * stage + out
+
+
+DEFAULT_CONFIG = GemmConfig()
+
+
+def _swizzled(dtype, minor: int):
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor * bits)
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+
+
+def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig):
+  """Refs: a [M, Kp] bf16, b [N, Kp] bf16, sa [Kp/128, M] f32, sb [Kp/128, N] f32, out [M, N]."""
+  m, kp = a_gmem.shape
+  n = b_gmem.shape[0]
+  out_dtype = out_gmem.dtype
+  tm, tn = cfg.tile_m, cfg.tile_n
+  cta_m, cta_n = cfg.cta_tile_m, cfg.cta_tile_n
+  m_iters, n_iters, k_iters = m // cta_m, n // cta_n, kp // CHUNK_K
+  epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
+  ab_transforms = _swizzled(jnp.bfloat16, CHUNK_K)
+
+  def get_pipeline(body, compute_context):
+    return plgpu.emit_pipeline_warp_specialized(
+        body,
+        grid=(k_iters,),
+        memory_registers=40,
+        in_specs=[
+            plgpu.BlockSpec((cta_m, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
+                            memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((cta_n, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
+                            memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((1, cta_m), lambda k: (k, 0), memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((1, cta_n), lambda k: (k, 0), memory_space=plgpu.SMEM),
+        ],
+        wg_axis="wg",
+        num_compute_wgs=2,
+        max_concurrent_steps=cfg.max_concurrent_steps,
+        compute_context=compute_context,
+    )
+
+  ignore = lambda *_, **__: None
+
+  @functools.partial(
+      pl.run_scoped,
+      allocs=get_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, sa_gmem, sb_gmem),
+      out_smem=plgpu.SMEM((2, 2, epi_m, epi_n), out_dtype, transforms=_swizzled(out_dtype, epi_n)),
+      collective_axes="wg",
+  )
+  def _scope(allocs, out_smem):
+    wg = lax.axis_index("wg")
+
+    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    def _tile_loop(info: plgpu.NDLoopInfo):
+      (lin,) = info.index
+      mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters), 1, cfg.grid_tile_width)
+      cta_m_sl = pl.ds(mi * cta_m, cta_m)
+      cta_n_sl = pl.ds(ni * cta_n, cta_n)
+      wg_n_sl = pl.ds(wg * tn, tn)
+
+      def compute_context(run_pipeline):
+        acc0 = plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
+        acc = run_pipeline(acc0)
+        out = acc.astype(out_dtype)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        for ei in range(tm // epi_m):
+          for ej in range(tn // epi_n):
+            slot = (ei * (tn // epi_n) + ej) % 2
+            e_m = slice(ei * epi_m, (ei + 1) * epi_m)
+            e_n = slice(ej * epi_n, (ej + 1) * epi_n)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[wg, slot] = out[e_m, e_n]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                out_smem.at[wg, slot],
+                out_gmem.at[cta_m_sl, cta_n_sl].at[:, wg_n_sl].at[e_m, e_n])
+
+      def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, acc):
+        def mma(acc_ref):
+          plgpu.wgmma(acc_ref, a_smem, b_smem.at[wg_n_sl].transpose((1, 0)))
+          return acc_ref[...]  # waits for this chunk's wgmma
+        part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
+        sa = plgpu.load(sa_smem.at[0], (), layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
+        sb = plgpu.load(sb_smem.at[0, wg_n_sl], (), layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
+        scale = lax.broadcast_in_dim(sa, (tm, tn), [0]) * lax.broadcast_in_dim(sb, (tm, tn), [1])
+        return acc + part * scale
+
+      get_pipeline(chunk_body, compute_context)(
+          a_gmem.at[cta_m_sl, :], b_gmem.at[cta_n_sl, :],
+          sa_gmem.at[:, cta_m_sl], sb_gmem.at[:, cta_n_sl],
+          allocations=allocs)
+
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _check_operands(a_qs, a_so, b_qs, b_so, cfg: GemmConfig, name: str):
+  if a_qs.ndim != 2 or b_qs.ndim != 2:
+    raise ValueError(f"{name}: operands must be 2-D [M, Kp] and [N, Kp], got {a_qs.shape} and {b_qs.shape}.")
+  (m, kp), (n, kp_b) = a_qs.shape, b_qs.shape
+  if kp != kp_b:
+    raise ValueError(f"{name}: reduction lengths differ: a has Kp={kp}, b has Kp={kp_b}; quantize both "
+                     "along their K axis (the canonical layout pads K to a multiple of 128).")
+  if kp % CHUNK_K:
+    raise ValueError(f"{name}: Kp={kp} is not a multiple of {CHUNK_K}; use the canonical (padded) layout.")
+  if a_qs.dtype != jnp.bfloat16 or b_qs.dtype != jnp.bfloat16:
+    raise ValueError(f"{name}: operands must be bfloat16 (exact q * s_in), got {a_qs.dtype}, {b_qs.dtype}.")
+  if a_so.shape != (m, kp // CHUNK_K) or b_so.shape != (n, kp // CHUNK_K):
+    raise ValueError(f"{name}: outer scales must be [M, Kp/128]={(m, kp // CHUNK_K)} and "
+                     f"[N, Kp/128]={(n, kp // CHUNK_K)}, got {a_so.shape} and {b_so.shape}.")
+  if m % cfg.cta_tile_m or n % cfg.cta_tile_n:
+    raise ValueError(f"{name}: M={m}, N={n} must be multiples of the CTA tile ({cfg.cta_tile_m}, "
+                     f"{cfg.cta_tile_n}); pad them or use the XLA path (can_use_pallas_gemm says which).")
+  if cfg.smem_bytes() > _SMEM_BYTES:
+    raise ValueError(f"{name}: config {cfg} needs {cfg.smem_bytes()} bytes of SMEM (> {_SMEM_BYTES}); "
+                     "lower max_concurrent_steps or the tiles.")
+
+
+def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.Array,
+                           b_scale_outer: jax.Array, *, out_dtype=jnp.bfloat16,
+                           config: GemmConfig = DEFAULT_CONFIG, interpret: bool = False) -> jax.Array:
+  """out = sum_c (a_qs[:, c] @ b_qs[:, c]^T) * (a_so[:, c] outer b_so[:, c]), FP32 accumulation.
+
+  Args:
+    a_qs: bf16 [M, Kp], the exact q * s_in operand of A (canonical layout).
+    a_scale_outer: f32 [M, Kp/128], or a scalar (tensor scaling).
+    b_qs: bf16 [N, Kp].
+    b_scale_outer: f32 [N, Kp/128], or a scalar.
+    out_dtype: output dtype (bf16 or f32).
+    config: tiling.
+    interpret: run on the CPU in Mosaic GPU's interpreter.
+
+  Returns:
+    [M, N] in out_dtype.
+  """
+  m, kp = a_qs.shape
+  n = b_qs.shape[0]
+  a_so = jnp.broadcast_to(jnp.asarray(a_scale_outer, jnp.float32), (m, kp // CHUNK_K))
+  b_so = jnp.broadcast_to(jnp.asarray(b_scale_outer, jnp.float32), (n, kp // CHUNK_K))
+  _check_operands(a_qs, a_so, b_qs, b_so, config, "block_scaled_bf16_gemm")
+  kernel = plgpu.kernel(
+      functools.partial(_gemm_kernel, cfg=config),
+      out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+      grid=(_platform.num_sms(interpret),),
+      grid_names=("sm",),
+      num_threads=3,
+      thread_name="wg",
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+  )
+  with _platform.interpret_context(interpret):
+    # Scales transposed to [Kp/128, M]: one contiguous row per K chunk for TMA.
+    return kernel(a_qs, b_qs, a_so.T, b_so.T)
+
+
+def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
+  """True when the Pallas GEMM runs here (Hopper GPU) for [M, Kp] x [N, Kp]; else use XLA."""
+  return (_platform.hopper_available() and m % config.cta_tile_m == 0 and n % config.cta_tile_n == 0
+          and kp % CHUNK_K == 0 and kp > 0 and config.smem_bytes() <= _SMEM_BYTES)
+
+
+def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
+  if not isinstance(t, NVFP4Tensor):
+    raise TypeError(f"{name}: {which} must be an NVFP4Tensor, got {type(t).__name__}.")
+  if len(t.shape) != 2 or t.axis != 1:
+    raise ValueError(f"{name}: {which} must be 2-D and quantized along its last axis "
+                     f"(quantize_nvfp4(x, axis=-1)), got shape {t.shape}, axis {t.axis}.")
+  if t.block_2d:
+    raise ValueError(f"{name}: {which} uses 16x16 blocks; this kernel takes 1x16 blocks along K.")
+
+
+def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG,
+               interpret: bool = False) -> jax.Array:
+  """a_hat @ b_hat^T for NVFP4 a [M, K] and b [N, K], both quantized along K.
+
+  Exact products, FP32 accumulation, outer scales promoted once per 128-wide K
+  chunk. Block scaling (1x16 E4M3 in 1x128 FP32) or tensor scaling (scalar
+  outer scales; both operands may differ in scaling). M and N are the logical
+  row counts; padding of K (canonical layout) is harmless (zeros).
+
+  Returns:
+    [M, N] in out_dtype.
+  """
+  _check_nvfp4(a, "nvfp4_gemm", "a")
+  _check_nvfp4(b, "nvfp4_gemm", "b")
+  if a.codes.shape[-1] != b.codes.shape[-1]:
+    raise ValueError(f"nvfp4_gemm: padded K differs: a {2 * a.codes.shape[-1]}, b {2 * b.codes.shape[-1]}; "
+                     f"logical shapes {a.shape} and {b.shape} must share K.")
+  a_qs, a_so = nvfp4_bf16_operand(a)
+  b_qs, b_so = nvfp4_bf16_operand(b)
+  return block_scaled_bf16_gemm(a_qs, a_so, b_qs, b_so, out_dtype=out_dtype, config=config,
+                                interpret=interpret)
+
+
+def nvfp4_gemm_reference(a: NVFP4Tensor, b: NVFP4Tensor, *, dtype=jnp.float32) -> jax.Array:
+  """XLA reference: dequantize both to `dtype` and multiply at HIGHEST precision."""
+  a_hat = dequantize_nvfp4_canonical(a, dtype)
+  b_hat = dequantize_nvfp4_canonical(b, dtype)
+  return jnp.dot(a_hat, b_hat.T, precision=lax.Precision.HIGHEST, preferred_element_type=dtype)

@@ -1,0 +1,278 @@
+"""Fused NVFP4 RTN quantizer (double-block scaling) along the last axis of a 2-D array.
+
+Bitwise contract: codes, E4M3 inner scales and FP32 outer scales equal
+`tetrajet_jax.numerics.quantize_nvfp4(x, axis=-1)` (the reference below), i.e.
+spec section 1 to the bit:
+  s_out = amax_128 / 448 / 6 (two IEEE divisions; 0 -> 1; NaN if the block
+          holds NaN/Inf),
+  s_in  = e4m3_rne_satfinite(amax_16 / s_out / 6) (0 -> 2^-9),
+  q     = rne_e2m1(x / (s_in * s_out)), saturating at 6.
+Divisions stay divisions: Mosaic GPU lowers them to IEEE `div.rn.f32` unless
+`approx_math` is set (it is not), so the XLA rewrite trap of
+`tetrajet_jax/numerics/scales.py` cannot occur here.
+
+Kernel: grid (row blocks, K blocks of 128), K sequential so TMA pipelines the
+loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
+are loaded from SMEM in the wgmma register layout, where a row reduction is a
+4-lane shuffle. Optional second output: the exact bf16 operand q * s_in that
+the block-scaled GEMM consumes (the "operand" design), so the GEMM needs no
+separate decode pass.
+
+Packing two codes per byte needs neighbouring elements in one thread, which
+the wgmma layout splits across vector slots; the kernel stages the codes as
+bytes in SMEM and re-reads each pair as one uint16 ("smem" packing), or
+(packing="xla") writes unpacked codes and lets XLA pack them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels import _platform
+from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
+
+OUTER = 128
+INNER = 16
+_F32_MAX = float(np.finfo(np.float32).max)
+# RNE decision thresholds of E2M1 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; at a
+# tie the even index wins: ">=" where the upper neighbour is even.
+_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
+               (5.0, False))
+
+Packing = Literal["pairs", "xla"]
+
+
+def _e4m3_rne_satfinite(v):
+  """Nearest E4M3 value of v >= 0 (ties to even), saturating at 448; NaN stays NaN.
+
+  Same arithmetic as tetrajet_jax.numerics.scales.round_to_e4m3: the quantum
+  2^(max(e, -6) - 3) is built from exponent bits, v / quantum is exact, then
+  round-half-even.
+  """
+  bits = lax.bitcast_convert_type(v, jnp.int32)
+  e = jnp.maximum(((bits >> 23) & 0xFF) - 127, -6)
+  quantum = lax.bitcast_convert_type((e + (127 - 3)) << 23, jnp.float32)
+  r = jnp.round(v / quantum) * quantum
+  return jnp.minimum(r, 448.0)
+
+
+def _rne_e2m1_index(a):
+  """Magnitude index 0..7 of |v| = a under E2M1 RNE, saturating (NaN -> 0)."""
+  idx = jnp.zeros(a.shape, jnp.int32)
+  for t, up in _THRESHOLDS:
+    idx = idx + jnp.where(a >= t if up else a > t, 1, 0)
+  return idx
+
+
+def _index_magnitude(idx):
+  """E2M1 grid value of a magnitude index (exact)."""
+  half = idx.astype(jnp.float32) * 0.5  # 0, .5, 1, 1.5, 2 for idx <= 4
+  return jnp.where(idx <= 4, half, jnp.where(idx == 5, 3.0, jnp.where(idx == 6, 4.0, 6.0)))
+
+
+def _div_const(x, c: float, interpret: bool):
+  """x / c as written. On the GPU Mosaic emits an IEEE division; the CPU
+  interpreter runs the kernel body through XLA, whose simplifier would turn
+  `x / c` into `x * (1/c)` and merge `(x / a) / b` (the trap described in
+  tetrajet_jax/numerics/scales.py), so there the divisor goes through an
+  optimization barrier, as in the reference."""
+  if not interpret:
+    return x / c
+  x, d = lax.optimization_barrier((x, jnp.full(x.shape, c, jnp.float32)))
+  return x / d
+
+
+def _quantize_tile(load_sub, interpret: bool = False):
+  """Shared tile math for one 128-wide block per row (all rows of the tile).
+
+  Args:
+    load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
+      values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
+
+  Returns:
+    (codes, qs, s_in, s_out): codes[c] / qs[c] are tuples matching load_sub(c)
+    (int32 E2M1 codes; float32 q * s_in), s_in[c] float32 [bm], s_out [bm].
+  """
+  xs = [load_sub(c) for c in range(OUTER // INNER)]
+  amax_in = []
+  for parts in xs:
+    am = jnp.max(jnp.abs(parts[0]), axis=1)
+    for p in parts[1:]:
+      am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
+    amax_in.append(am)
+  amax = amax_in[0]
+  for a in amax_in[1:]:
+    amax = jnp.maximum(amax, a)  # NaN-propagating
+  s_out = _div_const(_div_const(amax, 448.0, interpret), 6.0, interpret)
+  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
+  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
+  codes, qss, s_ins = [], [], []
+  for parts, am in zip(xs, amax_in):
+    s_in = _e4m3_rne_satfinite(_div_const(am / s_out, 6.0, interpret))
+    s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
+    s = s_in * s_out
+    cs, qs = [], []
+    for x in parts:
+      v = x / lax.broadcast_in_dim(s, x.shape, [0])
+      idx = _rne_e2m1_index(jnp.abs(v))
+      neg = (v < 0.0) & (idx > 0)
+      cs.append(jnp.where(neg, idx | 8, idx))
+      mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
+      qs.append(jnp.where(neg, -mag, mag))
+    codes.append(tuple(cs))
+    qss.append(tuple(qs))
+    s_ins.append(s_in)
+  return codes, qss, s_ins, s_out
+
+
+def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: Packing, interpret: bool):
+  """x_ref: [bm, 128] (f32/bf16; "xla") or uint32 [bm, 64] (bf16 pairs; "pairs")."""
+  if packing == "pairs":
+    # Word j of a row holds elements 2j (low half) and 2j+1 (high half); a
+    # bf16's bits in the high half of a float32 are its exact value.
+    def load_words(c):
+      return plgpu.load(x_ref, (slice(None), pl.ds(c * INNER // 2, INNER // 2)), layout=plgpu.Layout.WGMMA)
+    words = [load_words(c) for c in range(OUTER // INNER)]
+    evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
+    odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
+    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret)
+    s_out_ref[0, :] = s_out
+    for c in range(OUTER // INNER):
+      s_in_ref[c, :] = s_ins[c]
+      sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
+      ce, co = codes[c]
+      codes_ref[sub] = (ce | (co << 4)).astype(jnp.uint8)
+      if qs_refs:
+        qe, qo = qss[c]
+        lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
+        hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
+        qs_refs[0][sub] = lo | hi
+  else:
+    def load_sub(c):
+      return (plgpu.load(x_ref, (slice(None), pl.ds(c * INNER, INNER)),
+                         layout=plgpu.Layout.WGMMA).astype(jnp.float32),)
+    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret)
+    s_out_ref[0, :] = s_out
+    for c in range(OUTER // INNER):
+      s_in_ref[c, :] = s_ins[c]
+      sub = (slice(None), pl.ds(c * INNER, INNER))
+      codes_ref[sub] = codes[c][0].astype(jnp.uint8)
+      if qs_refs:
+        qs_refs[0][sub] = qss[c][0].astype(jnp.bfloat16)
+
+
+def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_steps: int = 2,
+                       packing: Packing | None = None, emit_operand: bool = False, interpret: bool = False):
+  """Pallas RTN NVFP4 quantization of a 2-D array along its last axis.
+
+  Args:
+    x: bf16 or f32 [R, K] with R % block_rows == 0 and K % 128 == 0.
+    block_rows: rows per tile (multiple of 64).
+    max_concurrent_steps: TMA pipeline depth along K.
+    packing: "pairs" (bf16 only: the kernel reads element pairs as uint32
+      words and writes packed bytes) or "xla" (the kernel writes one code per
+      byte, XLA packs; any dtype). Default: "pairs" for bf16, else "xla".
+    emit_operand: also return the exact bf16 operand q * s_in [R, K].
+    interpret: run on the CPU in Mosaic GPU's interpreter.
+
+  Returns:
+    NVFP4Tensor bitwise equal to quantize_nvfp4(x, axis=-1); with
+    emit_operand, (tensor, qs_bf16).
+  """
+  _check_input(x, block_rows, "quantize_nvfp4_rtn")
+  if packing is None:
+    packing = "pairs" if x.dtype == jnp.bfloat16 else "xla"
+  if packing == "pairs" and x.dtype != jnp.bfloat16:
+    raise ValueError(f"quantize_nvfp4_rtn: packing='pairs' needs bfloat16 input, got {x.dtype}; use 'xla'.")
+  if packing not in ("pairs", "xla"):
+    raise ValueError(f"quantize_nvfp4_rtn: unknown packing {packing!r}; use 'pairs' or 'xla'.")
+  r, k = x.shape
+  kb = k // OUTER
+  pairs = packing == "pairs"
+  if pairs:
+    x = lax.bitcast_convert_type(x.reshape(r, k // 2, 2), jnp.uint32)  # free: same bytes
+  cw = OUTER // 2 if pairs else OUTER  # code bytes per block row
+  out_shape = [
+      jax.ShapeDtypeStruct((r, k // 2 if pairs else k), jnp.uint8),
+      jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
+      jax.ShapeDtypeStruct((kb, r), jnp.float32),  # s_out^T
+  ]
+  out_blocks = [(block_rows, cw), (OUTER // INNER, block_rows), (1, block_rows)]
+  if emit_operand:
+    out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32) if pairs
+                     else jax.ShapeDtypeStruct((r, k), jnp.bfloat16))
+    out_blocks.append((block_rows, cw))
+  body = functools.partial(_quantize_kernel, packing=packing, interpret=interpret)
+
+  def kernel(x_gmem, *refs):
+    n_out = len(out_blocks)
+    outs_gmem, outs_smem = refs[:n_out], refs[n_out:]
+    rows = pl.ds(lax.axis_index("rows") * block_rows, block_rows)
+
+    def step(idx, x_smem):
+      (j,) = idx
+      slot = lax.rem(j, 2)
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
+      body(x_smem, *(o.at[slot] for o in outs_smem))
+      plgpu.commit_smem()
+      cols = (pl.ds(j * cw, cw), pl.ds(j * (OUTER // INNER), OUTER // INNER), pl.ds(j, 1))
+      dsts = (outs_gmem[0].at[rows, cols[0]], outs_gmem[1].at[cols[1], rows], outs_gmem[2].at[cols[2], rows])
+      if emit_operand:
+        dsts += (outs_gmem[3].at[rows, cols[0]],)
+      for src, dst in zip(outs_smem, dsts):
+        plgpu.copy_smem_to_gmem(src.at[slot], dst)
+
+    plgpu.emit_pipeline(
+        step, grid=(kb,), in_specs=[plgpu.BlockSpec((block_rows, cw), lambda j: (0, j))],
+        max_concurrent_steps=max_concurrent_steps,
+    )(x_gmem.at[rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
+  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows,), grid_names=("rows",),
+                      scratch_types=scratch)
+  with _platform.interpret_context(interpret):
+    outs = call(x)
+  codes, s_in_t, s_out_t = outs[:3]
+  if not pairs:
+    codes = pack_e2m1(codes)
+  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
+                  shape=(r, k), axis=1, scaling="block", block_2d=False)
+  if not emit_operand:
+    return t
+  qs = outs[3]
+  if pairs:
+    qs = lax.bitcast_convert_type(qs, jnp.bfloat16).reshape(r, k)
+  return t, qs
+
+
+def _check_input(x, block_rows: int, name: str):
+  if x.ndim != 2:
+    raise ValueError(f"{name}: expected a 2-D array [R, K], got shape {x.shape}; reshape leading axes into R.")
+  if x.dtype not in (jnp.bfloat16, jnp.float32):
+    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
+  if block_rows % 64:
+    raise ValueError(f"{name}: block_rows={block_rows} must be a multiple of 64 (wgmma register layout).")
+  r, k = x.shape
+  if r % block_rows or k % OUTER:
+    raise ValueError(f"{name}: shape {x.shape} needs R % {block_rows} == 0 and K % {OUTER} == 0; "
+                     "pad (zeros change no scale) or use tetrajet_jax.numerics.quantize_nvfp4.")
+
+
+def can_use_pallas_quantizer(shape: tuple[int, ...], dtype, *, block_rows: int = 64) -> bool:
+  """True when quantize_nvfp4_rtn runs here (Hopper GPU) for this 2-D shape and dtype."""
+  return (_platform.hopper_available() and len(shape) == 2 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32)
+          and shape[0] % block_rows == 0 and shape[1] % OUTER == 0 and shape[1] > 0)
+
+
+def quantize_nvfp4_rtn_reference(x: jax.Array) -> NVFP4Tensor:
+  """The XLA quantizer the kernel must match bitwise."""
+  return quantize_nvfp4(x, axis=-1)
