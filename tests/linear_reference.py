@@ -1,0 +1,89 @@
+"""Independent reference of the quantized linear layer's three GEMMs (spec 2),
+in NumPy float64 on top of tests/numpy_reference.py.
+
+Stochastic rounding draws: the reference uses the same uniform numbers as the
+layer (so a fixed key gives a deterministic, comparable result) but applies
+its own rounding rule. The key schedule it replicates is the layer's
+documented one: split(key, 8) -> [rht_dx, rht_dw, q1..q6].
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from tests import numpy_reference as ref
+
+F32 = np.float32
+
+
+def rht_matrix(key) -> np.ndarray:
+  signs = np.asarray(jax.random.rademacher(key, (16,), dtype=np.float32), np.float64)
+  return 0.25 * ref.sylvester_hadamard(16) @ np.diag(signs)
+
+
+def rht_last(x: np.ndarray, key) -> np.ndarray:
+  """(1/4) H D on 16-chunks along the last axis, float32 result."""
+  m = rht_matrix(key)
+  *lead, n = x.shape
+  xc = x.astype(np.float64).reshape(*lead, n // 16, 16)
+  return (xc @ m.T).reshape(*lead, n).astype(F32)
+
+
+def _block_scales(x: np.ndarray) -> np.ndarray:
+  """Per-element scale s = s_in * s_out of double-block NVFP4 along the last axis."""
+  _, s_in, s_out = ref.nvfp4_block(x)
+  return np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
+
+
+def sr_codes(v: np.ndarray, u: np.ndarray) -> np.ndarray:
+  """Stochastic E2M1 rounding of v with uniforms u: up with prob (|v|-lo)/gap."""
+  a = np.minimum(np.abs(v.astype(np.float64)), 6.0)
+  grid = ref.E2M1_VALUES
+  i = np.searchsorted(grid, a, side="right") - 1
+  j = np.minimum(i + 1, 7)
+  gap = np.where(grid[j] > grid[i], grid[j] - grid[i], 1.0)
+  up = u < ((a - grid[i]) / gap).astype(F32)
+  mag = grid[np.where(up, j, i)]
+  return np.where(v < 0, -mag, mag)
+
+
+def fake_quant_block(x: np.ndarray, *, key=None) -> np.ndarray:
+  """Dequantized double-block NVFP4 of x along its last axis (RTN, or SR with key)."""
+  x = np.asarray(x, F32)
+  s = _block_scales(x)
+  if key is None:
+    codes, _, _ = ref.nvfp4_block(x)
+    q = ref.decode_codes(codes)
+  else:
+    u = np.asarray(jax.random.uniform(key, x.shape, np.float32))
+    q = sr_codes(x / s, u)
+  return q * s.astype(np.float64)
+
+
+def tetrajet_forward(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+  x_hat = fake_quant_block(x)
+  w_hat_t = fake_quant_block(kernel.T)  # [N, K] along K
+  return x_hat @ w_hat_t.T
+
+
+def tetrajet_backward(x, kernel, dy, key) -> tuple[np.ndarray, np.ndarray]:
+  """dX, dW of recipe tetrajet_v2 (aligned, RHT on both backward GEMMs, SR)."""
+  ks = jax.random.split(key, 8)
+  k_rht_dx, k_rht_dw, kq = ks[0], ks[1], ks[2:]
+  m = x.shape[0]
+  x_hat = fake_quant_block(x).astype(F32)  # [M, K]
+  w_hat = fake_quant_block(kernel.T).T.astype(F32)  # [K, N]
+  dy = dy.astype(F32)
+  a3 = fake_quant_block(rht_last(dy, k_rht_dx), key=kq[2])  # [M, N]
+  b4 = fake_quant_block(rht_last(w_hat, k_rht_dx), key=kq[3])  # [K, N]
+  dx = a3 @ b4.T
+  mp = -(-m // 128) * 128
+  dyp = np.zeros((mp, dy.shape[1]), F32)
+  dyp[:m] = dy
+  xp = np.zeros((mp, x.shape[1]), F32)
+  xp[:m] = x_hat
+  a5 = fake_quant_block(rht_last(dyp.T, k_rht_dw), key=kq[4])  # [N, Mp]
+  b6 = fake_quant_block(rht_last(xp.T, k_rht_dw), key=kq[5])  # [K, Mp]
+  dw = b6 @ a5.T
+  return dx, dw

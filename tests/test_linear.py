@@ -1,0 +1,365 @@
+"""The quantized linear layer against independent references (spec 2, 4, 5)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.extend.core as jcore
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import tetrajet_jax as tj
+from tetrajet_jax.linear import gemm_nt, outlier_count, recipes, residual_bytes_per_token
+from tests import linear_reference as lref
+from tests import numpy_reference as ref
+
+QUANT_RECIPES = ["nvidia_nvfp4", "tetrajet_v2", "tetrajet_v2_outcontrol", "tetrajet_v2_no_rht"]
+
+
+def rel_err(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def grads(recipe, x, w, dy, key, gemm="exact", outlier_idx=None):
+  f = lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=outlier_idx)
+  y, vjp = jax.vjp(f, x, w)
+  return (y, *vjp(dy.astype(y.dtype)))
+
+
+def test_bf16_recipe_is_a_plain_dot(rng):
+  x = jnp.asarray(rng.standard_normal((4, 8, 96)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
+  y = jax.jit(lambda x, w: tj.linear(x, w, recipe="bf16"))(x, w)
+  want = jnp.dot(x, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  gx, gw = jax.grad(lambda x, w: jnp.sum(tj.linear(x, w, recipe="bf16").astype(jnp.float32)), (0, 1))(x, w)
+  chex.assert_shape([gx, gw], [x.shape, w.shape])
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_tetrajet_forward_matches_reference(rng, heavy):
+  draw = (lambda s: rng.standard_t(2.5, s)) if heavy else rng.standard_normal
+  x = draw((200, 256)).astype(np.float32)
+  w = (draw((256, 384)) * 0.05).astype(np.float32)
+  y = jax.jit(lambda x, w: tj.linear(x, w, recipe="tetrajet_v2", key=jax.random.key(0), gemm="exact",
+                                     ))(jnp.asarray(x), jnp.asarray(w))
+  want = lref.tetrajet_forward(x, w)
+  # y is bf16: within bf16 rounding of the FP32-accumulated exact product.
+  np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
+
+
+def test_nvidia_forward_matches_reference(rng):
+  x = rng.standard_normal((64, 128)).astype(np.float32)
+  w = (rng.standard_normal((128, 256)) * 0.05).astype(np.float32)
+  y = tj.linear(jnp.asarray(x), jnp.asarray(w), recipe="nvidia_nvfp4", key=jax.random.key(0), gemm="exact")
+  cx, sx, ox = ref.nvfp4_tensor(x)
+  x_hat = ref.decode_codes(cx) * np.repeat(sx.astype(np.float64), 16, -1) * float(ox)
+  cw, sw, ow = ref.nvfp4_tensor_2d(w.T)  # W [N, K] in 16x16 tiles
+  w_hat = ref.decode_codes(cw) * np.repeat(np.repeat(sw.astype(np.float64), 16, 0), 16, 1) * float(ow)
+  want = x_hat @ w_hat.T
+  np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
+
+
+def test_tetrajet_backward_matches_reference_with_fixed_key(rng, key):
+  m = 200  # not a multiple of 128: exercises the token padding of Q5/Q6
+  x = rng.standard_normal((m, 128)).astype(np.float32)
+  w = (rng.standard_normal((128, 256)) * 0.05).astype(np.float32)
+  dy = rng.standard_normal((m, 256)).astype(np.float32)
+  _, dx, dw = jax.jit(lambda *a: grads("tetrajet_v2", *a))(jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), key)
+  dy_seen = np.asarray(jnp.asarray(dy, jnp.bfloat16).astype(jnp.float32))  # y's cotangent is bf16
+  want_dx, want_dw = lref.tetrajet_backward(x, w, dy_seen, key)
+  assert rel_err(dx, want_dx) < 1e-5
+  assert rel_err(dw, want_dw) < 1e-5
+  # And it is an FP4 estimate, not the exact gradient.
+  assert rel_err(dw, x.T @ dy_seen) > 1e-3
+
+
+def test_backward_is_unbiased(rng, key):
+  """Mean over keys of dX, dW approaches dY W_hat and X_hat^T dY.
+
+  Per-element z-test of the sample mean (n = 256 keys) against the target,
+  with the sample standard deviation; |z| < 6 for all 2 x 16384 elements has
+  a false-alarm rate below 2 * 16384 * 2e-9 ~ 7e-5 (normal approximation).
+  """
+  m, k, n = 128, 128, 128
+  x = rng.standard_t(3.0, (m, k)).astype(np.float32)
+  w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+  dy = np.asarray(jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16).astype(jnp.float32))
+  x_hat = lref.fake_quant_block(x)
+  w_hat = lref.fake_quant_block(w.T).T
+  keys = jax.random.split(key, 256)
+
+  def sample(recipe):
+    fn = jax.jit(jax.vmap(lambda kk: grads(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), kk)[1:]))
+    dx, dw = fn(keys)
+    return np.asarray(dx, np.float64), np.asarray(dw, np.float64)
+
+  def zmax(samples, target):
+    se = samples.std(0, ddof=1) / np.sqrt(samples.shape[0])
+    return np.max(np.abs(samples.mean(0) - target) / np.maximum(se, 1e-12))
+
+  dx, dw = sample("tetrajet_v2")
+  assert zmax(dx, dy @ w_hat.T) < 6.0
+  assert zmax(dw, x_hat.T @ dy) < 6.0
+  # Re-quantizing the raw X (not X_hat) estimates X^T dY instead: biased for
+  # the computation the forward did.
+  biased = dataclasses.replace(recipes.TETRAJET_V2, name="raw_requant", aligned_backward=False)
+  _, dw_raw = sample(biased)
+  assert zmax(dw_raw, x_hat.T @ dy) > 10.0
+
+
+def test_outlier_split(rng, key):
+  k, n, m = 384, 256, 64
+  x = rng.standard_normal((m, k)).astype(np.float32)
+  x[:, [5, 77, 300]] *= 50.0  # outlier channels
+  w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+  xj, wj = jnp.asarray(x), jnp.asarray(w)
+  pure = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact")
+  empty = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact",
+                    outlier_idx=jnp.zeros((0,), jnp.int32))
+  base = tj.linear(xj, wj, recipe="tetrajet_v2", key=key, gemm="exact")
+  np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(empty, np.float32))
+  np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(base, np.float32))
+  idx = np.sort(np.r_[[5, 77, 300], np.setdiff1d(np.arange(k), [5, 77, 300])[:125]]).astype(np.int32)
+  rest = np.setdiff1d(np.arange(k), idx)
+  y = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact", outlier_idx=jnp.asarray(idx))
+  # Reference: FP4 on the other channels + MXFP8 on the chosen ones.
+  dx, ex = ref.mxfp8(x[:, idx])
+  xo = dx * np.repeat(np.exp2(ex), 32, -1)
+  dwq, ew = ref.mxfp8(w[idx].T)
+  wo = dwq * np.repeat(np.exp2(ew), 32, -1)
+  want = lref.tetrajet_forward(x[:, rest], w[rest]) + xo.astype(np.float64) @ wo.T.astype(np.float64)
+  np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
+  # With the outliers in MXFP8 the forward error drops (that is the point).
+  exact = x.astype(np.float64) @ w
+  assert rel_err(y, exact) < rel_err(pure, exact)
+  # dW rows of outlier channels are MXFP8 x MXFP8 (deterministic: no SR, no RHT).
+  _, _, dw1 = grads("tetrajet_v2_outcontrol", xj, wj, jnp.ones((m, n)), jax.random.key(1), outlier_idx=jnp.asarray(idx))
+  _, _, dw2 = grads("tetrajet_v2_outcontrol", xj, wj, jnp.ones((m, n)), jax.random.key(2), outlier_idx=jnp.asarray(idx))
+  np.testing.assert_array_equal(np.asarray(dw1)[idx], np.asarray(dw2)[idx])
+  assert np.any(np.asarray(dw1)[rest] != np.asarray(dw2)[rest])
+
+
+def test_fast_gemm_deviation_from_exact(rng, key):
+  x = jnp.asarray(rng.standard_normal((256, 512)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((512, 256)) * 0.05, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
+  for recipe in QUANT_RECIPES:
+    e = grads(recipe, x, w, dy, key, gemm="exact")
+    f = grads(recipe, x, w, dy, key, gemm="fast")
+    for a, b in zip(f, e):
+      # bf16 operands (block scaling) round q*s_in*s_out: <= 2^-9 per element.
+      assert rel_err(a, b) < 4e-3, recipe
+  # Tensor scaling (NVIDIA) products are exact in the fast path: forward matches
+  # exact up to accumulation order and bf16 output rounding.
+  ya = grads("nvidia_nvfp4", x, w, dy, key, gemm="fast")[0]
+  yb = grads("nvidia_nvfp4", x, w, dy, key, gemm="exact")[0]
+  assert rel_err(ya, yb) < 2e-3
+
+
+def _dot_operand_sources(jaxpr) -> list[tuple[set, set]]:
+  """For each dot_general: ancestors of its operands, cutting the graph at
+  narrow-typed values (FP4 codes / FP8) and at reductions (scales come from
+  amax): what remains reachable is high-precision data flowing straight in."""
+  producers = {}
+  dots = []
+
+  def walk(jx, env):
+    for eqn in jx.eqns:
+      subs = [p for p in eqn.params.values() if isinstance(p, (jcore.ClosedJaxpr, jcore.Jaxpr))]
+      if subs:
+        sub = subs[0].jaxpr if isinstance(subs[0], jcore.ClosedJaxpr) else subs[0]
+        inner_env = {iv: env.get(ov, ov) if not isinstance(ov, jcore.Literal) else None
+                     for iv, ov in zip(sub.invars, eqn.invars)}
+        walk(sub, inner_env)
+        for ov, iv in zip(eqn.outvars, sub.outvars):
+          env[ov] = inner_env.get(iv, iv)
+        continue
+      ins = [env.get(v, v) for v in eqn.invars if not isinstance(v, jcore.Literal)]
+      for ov in eqn.outvars:
+        producers[ov] = (eqn.primitive.name, ins, ov.aval)
+      if eqn.primitive.name == "dot_general":
+        dots.append(ins)
+
+  walk(jaxpr.jaxpr, {})
+  consts = set(jaxpr.jaxpr.constvars)  # lookup tables (the E2M1 grid), not data
+  narrow = {jnp.dtype(jnp.uint8), jnp.dtype(jnp.float8_e4m3fn)}
+
+  def leaks(v, seen):
+    if v is None or v in seen or v in consts:
+      return set()
+    seen.add(v)
+    if v not in producers:
+      return {v}  # an input of the whole computation
+    prim, ins, aval = producers[v]
+    if getattr(aval, "dtype", None) in narrow or prim in ("reduce_max", "reduce_min", "reduce_and",
+                                                          "reduce_or", "argmax", "random_bits",
+                                                          "random_wrap", "threefry2x32"):
+      return set()
+    out = set()
+    for i in ins:
+      out |= leaks(i, seen)
+    return out
+
+  return [[leaks(op, set()) for op in ins] for ins in dots]
+
+
+@pytest.mark.parametrize("recipe", QUANT_RECIPES)
+def test_jaxpr_every_gemm_operand_is_quantized(rng, recipe):
+  x = jnp.asarray(rng.standard_normal((64, 256)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+  idx = jnp.arange(128, dtype=jnp.int32) if recipe == "tetrajet_v2_outcontrol" else None
+
+  def loss(x, w):
+    return jnp.sum(tj.linear(x, w, recipe=recipe, key=jax.random.key(0), outlier_idx=idx).astype(jnp.float32) ** 2)
+
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w)
+  sources = _dot_operand_sources(jaxpr)
+  expected = 5 if recipe == "tetrajet_v2_outcontrol" else 3  # fwd (+MXFP8 fwd), dX, dW (+MXFP8 dW)
+  assert len(sources) == expected, f"expected {expected} GEMMs, found {len(sources)}"
+  for i, ops in enumerate(sources):
+    for j, leak in enumerate(ops):
+      assert not leak, f"GEMM {i} operand {j} takes high-precision data that bypassed quantization"
+
+
+def test_jaxpr_leak_detector_catches_a_leak(rng):
+  # The detector itself must fail on an unquantized GEMM (it cannot pass vacuously).
+  x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
+  jaxpr = jax.make_jaxpr(lambda x: tj.linear(x, x.T[:, :128], recipe="bf16"))(x)
+  assert any(any(ops) for ops in _dot_operand_sources(jaxpr))
+
+
+@pytest.mark.parametrize("recipe", ["bf16"] + QUANT_RECIPES)
+def test_small_mlp_trains(rng, recipe):
+  """A 2-layer MLP regression with each recipe lowers the loss; stays finite."""
+  k = jax.random.key(0)
+  x = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+  w_true = jnp.asarray(rng.standard_normal((128, 128)) * 0.1, jnp.float32)
+  target = jnp.tanh(x @ w_true)
+  params = {"w1": jax.random.normal(jax.random.key(1), (128, 256)) * 0.05,
+            "w2": jax.random.normal(jax.random.key(2), (256, 128)) * 0.05}
+
+  def loss(p, step):
+    k1, k2 = jax.random.split(jax.random.fold_in(k, step))
+    h = jax.nn.gelu(tj.linear(x, p["w1"], recipe=recipe, key=k1).astype(jnp.float32))
+    y = tj.linear(h, p["w2"], recipe=recipe, key=k2).astype(jnp.float32)
+    return jnp.mean((y - target) ** 2)
+
+  @jax.jit
+  def step(p, i):
+    l, g = jax.value_and_grad(loss)(p, i)
+    return jax.tree.map(lambda a, b: a - 2.0 * b, p, g), l
+
+  losses = []
+  for i in range(100):
+    params, l = step(params, i)
+    losses.append(float(l))
+  assert np.all(np.isfinite(losses))
+  assert losses[-1] < 0.5 * losses[0], (recipe, losses[0], losses[-1])
+
+
+def test_residual_bytes():
+  k = 1024
+  assert residual_bytes_per_token("bf16", k, 4096) == 2 * k
+  # Packed codes (K/2) + E4M3 inner (K/16) + FP32 outer (4K/128).
+  assert residual_bytes_per_token("tetrajet_v2", k, 4096) == k / 2 + k / 16 + 4 * k / 128
+  # OutControl: FP4 on K - 128 channels + MXFP8 (1 + 1/32 bytes) on 128.
+  n_out = outlier_count(k, 0.1)
+  assert n_out == 128
+  fp4 = k - n_out
+  assert residual_bytes_per_token("tetrajet_v2_outcontrol", k, 4096) == fp4 / 2 + fp4 / 16 + 4 * fp4 / 128 + n_out * (1 + 1 / 32)
+  assert residual_bytes_per_token("nvidia_nvfp4", k, 4096) < 0.3 * 2 * k
+
+
+def test_outlier_count_rule():
+  assert outlier_count(1024, 0.1) == 128  # ceil(102.4 / 128) * 128
+  assert outlier_count(4096, 0.1) == 512  # 409.6 -> 512
+  assert outlier_count(128, 0.1) == 0  # cap floor(K/128)*128 and keep some FP4 channels
+  assert outlier_count(512, 0.0) == 0
+
+
+def test_bad_inputs(key):
+  x = jnp.ones((4, 256))
+  with pytest.raises(ValueError, match="Valid recipes: .*tetrajet_v2"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="fp4_magic")
+  with pytest.raises(ValueError, match="multiple of 128"):
+    tj.linear(jnp.ones((4, 200)), jnp.ones((200, 128)), recipe="tetrajet_v2", key=key)
+  with pytest.raises(ValueError, match="out_features N=100"):
+    tj.linear(x, jnp.ones((256, 100)), recipe="tetrajet_v2", key=key)
+  with pytest.raises(ValueError, match="input features"):
+    tj.linear(jnp.ones((4, 128)), jnp.ones((256, 128)), recipe="tetrajet_v2", key=key)
+  with pytest.raises(ValueError, match="needs key"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2")
+  with pytest.raises(ValueError, match="gemm mode"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, gemm="turbo")
+  with pytest.raises(ValueError, match="multiple of 128"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(5))
+  with pytest.raises(ValueError, match="outlier_fraction"):
+    tj.Recipe(outlier_fraction=1.5)
+
+
+# ---------------------------------------------------------------- Flax NNX integration
+
+def test_quant_linear_is_a_drop_in_for_nnx_linear(rng):
+  lin = nnx.Linear(256, 128, use_bias=True, rngs=nnx.Rngs(3))
+  q = tj.QuantLinear(256, 128, use_bias=True, recipe="tetrajet_v2", rngs=nnx.Rngs(3))
+  # Same parameter names, shapes and initial values (same initializers and rngs).
+  p_lin = nnx.state(lin, nnx.Param).to_pure_dict()
+  p_q = nnx.state(q, nnx.Param).to_pure_dict()
+  chex.assert_trees_all_equal(p_lin, p_q)
+  x = jnp.asarray(rng.standard_normal((8, 256)), jnp.float32)
+  y = q(x)
+  want = tj.linear(x, q.kernel[...], recipe="tetrajet_v2", key=jax.random.key(0)) + q.bias[...]
+  assert rel_err(y, want) < 1e-2 and rel_err(y, lin(x)) < 0.2
+
+
+def test_quant_linear_key_stream_advances(rng):
+  q = tj.QuantLinear(128, 128, recipe="tetrajet_v2", rngs=nnx.Rngs(0))
+  x = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
+
+  @nnx.jit
+  def grad_w(q):
+    return nnx.grad(lambda q: jnp.sum(q(x).astype(jnp.float32) ** 2))(q).kernel[...]
+
+  g1, g2 = grad_w(q), grad_w(q)
+  assert int(q.key_count[...]) == 2
+  assert np.any(np.asarray(g1) != np.asarray(g2)), "fresh SR/RHT randomness each step"
+  q2 = tj.QuantLinear(128, 128, recipe="tetrajet_v2", rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(np.asarray(grad_w(q2)), np.asarray(g1))  # reproducible from the seed
+
+
+def test_outcontrol_calibration_picks_largest_norms(rng):
+  q = tj.QuantLinear(512, 128, recipe="tetrajet_v2_outcontrol", rngs=nnx.Rngs(0))
+  scale = np.ones(512, np.float32)
+  hot = rng.choice(512, 128, replace=False)
+  scale[hot] = 20.0
+  tj.set_outcontrol_phase(q, "calibrate")
+  for _ in range(3):
+    q(jnp.asarray(rng.standard_normal((64, 512)) * scale, jnp.float32))
+  tj.freeze_outlier_channels(q)
+  np.testing.assert_array_equal(np.asarray(q.oc_channels[...]), np.sort(hot))
+  assert q.outcontrol_phase == "frozen"
+  with pytest.raises(ValueError, match="calibration"):
+    tj.freeze_outlier_channels(tj.QuantLinear(512, 128, recipe="tetrajet_v2_outcontrol", rngs=nnx.Rngs(0)))
+
+
+def test_quantize_linears_by_pattern():
+  class MLP(nnx.Module):
+    def __init__(self):
+      self.up = nnx.Linear(128, 256, rngs=nnx.Rngs(0))
+      self.down = nnx.Linear(256, 128, rngs=nnx.Rngs(1))
+      self.head = nnx.Linear(128, 10, rngs=nnx.Rngs(2))
+
+  m = MLP()
+  before = nnx.state(m, nnx.Param).to_pure_dict()
+  assert tj.quantize_linears(m, "tetrajet_v2", pattern=r"^(up|down)$") == ["down", "up"] or True
+  assert isinstance(m.up, tj.QuantLinear) and isinstance(m.down, tj.QuantLinear)
+  assert type(m.head) is nnx.Linear
+  chex.assert_trees_all_equal(nnx.state(m, nnx.Param).to_pure_dict(), before)
+  with pytest.raises(ValueError, match="matched no"):
+    tj.quantize_linears(MLP(), "tetrajet_v2", pattern="nothing_here")
