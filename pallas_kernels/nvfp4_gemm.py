@@ -160,8 +160,8 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
           plgpu.wgmma(acc_ref, a_smem, b_smem.at[wg_n_sl].transpose((1, 0)))
           return acc_ref[...]  # waits for this chunk's wgmma
         part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
-        sa = plgpu.load(sa_smem.at[0], (), layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
-        sb = plgpu.load(sb_smem.at[0, wg_n_sl], (), layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
+        sa = plgpu.load(sa_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
+        sb = plgpu.load(sb_smem.at[0, wg_n_sl], layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
         scale = lax.broadcast_in_dim(sa, (tm, tn), [0]) * lax.broadcast_in_dim(sb, (tm, tn), [1])
         return acc + part * scale
 

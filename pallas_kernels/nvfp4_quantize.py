@@ -139,7 +139,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
     # Word j of a row holds elements 2j (low half) and 2j+1 (high half); a
     # bf16's bits in the high half of a float32 are its exact value.
     def load_words(c):
-      return plgpu.load(x_ref, (slice(None), pl.ds(c * INNER // 2, INNER // 2)), layout=plgpu.Layout.WGMMA)
+      return plgpu.load(x_ref.at[:, pl.ds(c * INNER // 2, INNER // 2)], layout=plgpu.Layout.WGMMA)
     words = [load_words(c) for c in range(OUTER // INNER)]
     evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
     odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
@@ -157,7 +157,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
         qs_refs[0][sub] = lo | hi
   else:
     def load_sub(c):
-      return (plgpu.load(x_ref, (slice(None), pl.ds(c * INNER, INNER)),
+      return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)],
                          layout=plgpu.Layout.WGMMA).astype(jnp.float32),)
     codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret)
     s_out_ref[0, :] = s_out

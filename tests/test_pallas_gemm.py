@@ -1,0 +1,98 @@
+"""Pallas block-scaled NVFP4 GEMM vs the dequantize-then-matmul reference.
+
+Tolerance: FP32 accumulation order only. Products q*s_in are exact in bf16,
+so the kernel and the float64 reference differ by FP32 rounding of the
+partial sums; 1e-5 of the output's max magnitude is a hundred times that
+level, while skipping the per-chunk promotion (e.g. one scale per row) or
+mixing up chunks gives errors of order 1.
+CI: Mosaic GPU's CPU interpreter (wgmma, TMA and the warp-specialized
+pipeline simulated) at small shapes; `gpu`: compiled on the H200.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import GemmConfig, block_scaled_bf16_gemm, can_use_pallas_gemm, nvfp4_gemm
+from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
+
+SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
+
+
+def operands(rng, m, k, n, scaling="block"):
+  # Per-row, per-block magnitudes spanning ~e^+-6 so outer scales differ per chunk.
+  a = rng.standard_normal((m, k)) * np.exp(2.0 * rng.standard_normal((m, k // 128)).repeat(128, 1))
+  b = rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, k // 128)).repeat(128, 1))
+  return (quantize_nvfp4(jnp.asarray(a, jnp.float32), axis=-1, scaling=scaling),
+          quantize_nvfp4(jnp.asarray(b, jnp.float32), axis=-1, scaling=scaling))
+
+
+def reference64(a, b):
+  a_hat = np.asarray(dequantize_nvfp4_canonical(a), np.float64)
+  b_hat = np.asarray(dequantize_nvfp4_canonical(b), np.float64)
+  return a_hat @ b_hat.T
+
+
+def rel_err(out, ref):
+  return float(np.max(np.abs(np.asarray(out, np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("scaling", ["block", "tensor"])
+def test_gemm_matches_reference_interpret(rng, scaling):
+  a, b = operands(rng, 128, 384, 256, scaling)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=SMALL, interpret=True)
+  assert out.shape == (128, 256) and out.dtype == jnp.float32
+  assert rel_err(out, reference64(a, b)) < 1e-5
+
+
+def test_gemm_promotion_is_per_chunk_interpret(rng):
+  """A kernel that applied one chunk's scales to all chunks would fail here."""
+  a, b = operands(rng, 128, 256, 128)
+  ref = reference64(a, b)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=SMALL, interpret=True)
+  a_qs = np.asarray(dequantize_nvfp4_canonical(a), np.float64) / np.asarray(a.scale_outer).repeat(128, 1)
+  b_qs = np.asarray(dequantize_nvfp4_canonical(b), np.float64) / np.asarray(b.scale_outer).repeat(128, 1)
+  wrong = (a_qs @ b_qs.T) * np.outer(np.asarray(a.scale_outer)[:, 0], np.asarray(b.scale_outer)[:, 0])
+  assert rel_err(wrong, ref) > 1e-2  # the test data can tell the two apart
+  assert rel_err(out, ref) < 1e-5
+
+
+def test_gemm_bf16_output_interpret(rng):
+  a, b = operands(rng, 128, 128, 128)
+  out = nvfp4_gemm(a, b, config=SMALL, interpret=True)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float64), reference64(a, b), rtol=2**-8, atol=1e-30)
+
+
+def test_gemm_rejects_bad_operands(rng):
+  a, b = operands(rng, 128, 128, 128)
+  with pytest.raises(ValueError, match="multiples of the CTA tile"):
+    nvfp4_gemm(a, b, config=GemmConfig(tile_m=256, tile_n=64), interpret=True)
+  a3 = quantize_nvfp4(jnp.ones((128, 256)), axis=-1)
+  with pytest.raises(ValueError, match="padded K differs"):
+    nvfp4_gemm(a3, b, config=SMALL, interpret=True)
+  with pytest.raises(ValueError, match="quantized along its last axis"):
+    nvfp4_gemm(quantize_nvfp4(jnp.ones((128, 128)), axis=0), b, config=SMALL, interpret=True)
+  with pytest.raises(ValueError, match="bfloat16"):
+    block_scaled_bf16_gemm(jnp.ones((128, 128)), 1.0, jnp.ones((128, 128)), 1.0, config=SMALL, interpret=True)
+  with pytest.raises(ValueError, match="multiples of 64"):
+    GemmConfig(tile_m=96)
+
+
+def test_can_use_pallas_gemm_shapes():
+  if jax.default_backend() != "gpu":
+    assert not can_use_pallas_gemm(8192, 8192, 8192)
+  assert not can_use_pallas_gemm(8192, 8192, 100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mkn", [(2048, 1024, 3072), (1024, 4096, 1024), (4096, 2048, 8192)])
+def test_gemm_matches_reference_gpu(rng, mkn):
+  m, k, n = mkn
+  a, b = operands(rng, m, k, n)
+  out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32))(a, b)
+  assert rel_err(out, reference64(a, b)) < 1e-5
+  assert can_use_pallas_gemm(m, n, k)

@@ -1,0 +1,84 @@
+"""Pallas RTN NVFP4 quantizer vs tetrajet_jax.numerics.quantize_nvfp4, bitwise.
+
+CI: the kernel runs in Mosaic GPU's CPU interpreter (same kernel body: TMA
+pipeline, SMEM, wgmma register layouts simulated) at small shapes. The
+`gpu`-marked tests compile it with Mosaic GPU on the H200 at real shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
+from tetrajet_jax.numerics import nvfp4_bf16_operand
+
+
+def _bits(a):
+  return np.asarray(a).view(np.uint8)
+
+
+def assert_same_tensor(t, ref):
+  np.testing.assert_array_equal(_bits(t.codes), _bits(ref.codes))
+  np.testing.assert_array_equal(_bits(t.scale_inner), _bits(ref.scale_inner))
+  np.testing.assert_array_equal(_bits(t.scale_outer), _bits(ref.scale_outer))
+  assert (t.shape, t.axis, t.scaling, t.block_2d) == (ref.shape, ref.axis, ref.scaling, ref.block_2d)
+
+
+def hard_input(rng, shape, dtype):
+  """Wide dynamic range plus the edge cases of the scale rules."""
+  x = rng.standard_normal(shape) * np.exp(2.0 * rng.standard_normal(shape))
+  x[0, :128] = 0.0  # all-zero outer block: s_out = 1
+  x[1, :16] = 1e-30  # sub-block far below the block max: s_in rounds to 0 -> 2^-9
+  x[1, 16] = 1e4
+  x[2, 128:256] = np.array([6.0, 5.0, 0.75, 0.25, 1.25, 2.5, 3.5, -1.75] * 16)  # RNE ties after scaling
+  return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rtn_bitwise_interpret(rng, dtype):
+  x = hard_input(rng, (64, 256), dtype)
+  t, qs = quantize_nvfp4_rtn(x, emit_operand=True, interpret=True)
+  ref = quantize_nvfp4_rtn_reference(x)
+  assert_same_tensor(t, ref)
+  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
+
+
+def test_rtn_nonfinite_blocks_marked_nan_interpret(rng):
+  x = np.array(hard_input(rng, (64, 256), jnp.float32))
+  x[3, 5] = np.nan
+  x[4, 200] = np.inf
+  t = quantize_nvfp4_rtn(jnp.asarray(x), interpret=True)
+  so = np.asarray(t.scale_outer)
+  assert np.isnan(so[3, 0]) and np.isnan(so[4, 1])
+  assert np.isfinite(so[3, 1]) and np.isfinite(so[4, 0])
+  assert_same_tensor(t, quantize_nvfp4_rtn_reference(jnp.asarray(x)))
+
+
+def test_rtn_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="K % 128"):
+    quantize_nvfp4_rtn(jnp.zeros((64, 100), jnp.float32), interpret=True)
+  with pytest.raises(ValueError, match="2-D"):
+    quantize_nvfp4_rtn(jnp.zeros((2, 64, 128), jnp.float32), interpret=True)
+  with pytest.raises(ValueError, match="pairs"):
+    quantize_nvfp4_rtn(jnp.zeros((64, 128), jnp.float32), packing="pairs", interpret=True)
+
+
+def test_can_use_is_false_off_hopper():
+  if jax.default_backend() != "gpu":
+    assert not can_use_pallas_quantizer((1024, 1024), jnp.bfloat16)
+  assert not can_use_pallas_quantizer((1024, 100), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", [(16384, 1024), (4096, 4096)])
+def test_rtn_bitwise_gpu(rng, dtype, shape):
+  x = hard_input(rng, shape, dtype)
+  t, qs = jax.jit(lambda v: quantize_nvfp4_rtn(v, emit_operand=True))(x)
+  ref = jax.jit(quantize_nvfp4_rtn_reference)(x)
+  assert_same_tensor(t, ref)
+  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
+  assert can_use_pallas_quantizer(shape, dtype)
