@@ -1,0 +1,220 @@
+"""OLMo-2 style decoder in Flax NNX with quantized block linears.
+
+Architecture (OLMo-2, spec 6): token embedding -> L blocks -> RMSNorm ->
+LM head (untied). Each block, with ``norm_after`` (the norm is applied to the
+sublayer's output, before the residual add)::
+
+    h = x + attn_norm(attention(x))
+    y = h + mlp_norm(swiglu(h))
+
+Attention: one fused QKV projection, QK-norm (RMSNorm over the full
+projected q and k, before splitting heads, as OLMo-2 does), RoPE (theta 5e5,
+rotate-half layout), causal softmax attention, output projection. MLP: one
+fused up/gate projection (first half up, second half gate),
+``silu(gate) * up``, down projection. No biases anywhere.
+
+Numerics: parameters are float32 masters; the four block linears (QKV,
+attention out, up/gate, down) are `tetrajet_jax.nn.QuantLinear` with the
+run's recipe; everything else (embedding, LM head, norms, attention
+score/value matmuls) computes in bfloat16 with float32 accumulation. The
+residual stream is float32 (adds are cheap; bf16 residuals lose small
+updates). Logits are float32.
+
+Parameter paths are what the optimizer's filters rely on: quantized kernels
+are ``layers_{i}/attn/qkv/kernel`` etc., the embedding is ``embed/embedding``
+and the head ``lm_head/kernel``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from tetrajet_jax import nn as qnn
+from tetrajet_jax.linear import recipes
+from tetrajet_jax.model.configs import ModelConfig
+
+COMPUTE_DTYPE = jnp.bfloat16
+
+
+def truncated_normal_init(std: float):
+  """N(0, std) truncated at +-3 std (OLMo's ``trunc_normal_(std, -3std, 3std)``).
+
+  Not `jax.nn.initializers.truncated_normal`: that one rescales ``stddev`` by
+  a constant that is only right for truncation at 2 sigma.
+  """
+
+  def init(key, shape, dtype=jnp.float32):
+    return (std * jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32)).astype(dtype)
+
+  return init
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm with a learned weight (init 1), computed in float32."""
+
+  def __init__(self, dim: int, *, eps: float):
+    self.eps = eps
+    self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    return (y * self.weight[...]).astype(COMPUTE_DTYPE)
+
+
+def rope(x_BxTxHxD: jax.Array, positions_T: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, rotate-half layout (HF/OLMo), computed in float32."""
+  d = x_BxTxHxD.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
+  angles_TxD2 = positions_T.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  cos = jnp.cos(jnp.concatenate([angles_TxD2, angles_TxD2], -1))[None, :, None, :]  # [1,T,1,D]
+  sin = jnp.sin(jnp.concatenate([angles_TxD2, angles_TxD2], -1))[None, :, None, :]
+  x = x_BxTxHxD.astype(jnp.float32)
+  x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x * cos + rotated * sin).astype(COMPUTE_DTYPE)
+
+
+def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.Array,
+                     *, impl: str = "xla") -> jax.Array:
+  """Causal softmax attention: bf16 matmuls, float32 scores and softmax."""
+  if impl == "cudnn":
+    return jax.nn.dot_product_attention(q_BxTxHxD, k_BxTxHxD, v_BxTxHxD, is_causal=True,
+                                        implementation="cudnn")
+  T, D = q_BxTxHxD.shape[1], q_BxTxHxD.shape[-1]
+  scores_BxHxTxS = jnp.einsum("bthd,bshd->bhts", q_BxTxHxD, k_BxTxHxD,
+                              preferred_element_type=jnp.float32) / math.sqrt(D)
+  mask_TxS = jnp.tril(jnp.ones((T, T), bool))
+  scores_BxHxTxS = jnp.where(mask_TxS, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores_BxHxTxS, axis=-1).astype(COMPUTE_DTYPE)
+  return jnp.einsum("bhts,bshd->bthd", probs, v_BxTxHxD,
+                    preferred_element_type=jnp.float32).astype(COMPUTE_DTYPE)
+
+
+def _quant_linear(cfg: ModelConfig, d_in: int, d_out: int, recipe: recipes.Recipe, gemm: str,
+                  rngs: nnx.Rngs) -> "qnn.QuantLinear":
+  return qnn.QuantLinear(d_in, d_out, recipe=recipe, rngs=rngs, use_bias=False,
+                         kernel_init=truncated_normal_init(cfg.init_std), param_dtype=jnp.float32,
+                         gemm=gemm)
+
+
+class Attention(nnx.Module):
+  """Fused QKV, QK-norm over the full projected dims, RoPE, causal attention, out proj."""
+
+  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
+    d = cfg.d_model
+    self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+    self.rope_theta, self.impl = cfg.rope_theta, cfg.attention
+    self.qkv = _quant_linear(cfg, d, 3 * d, recipe, gemm, rngs)
+    self.q_norm = RMSNorm(d, eps=cfg.norm_eps)
+    self.k_norm = RMSNorm(d, eps=cfg.norm_eps)
+    self.out = _quant_linear(cfg, d, d, recipe, gemm, rngs)
+
+  def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+    B, T, d = x_BxTxD.shape
+    qkv_BxTx3D = self.qkv(x_BxTxD.astype(COMPUTE_DTYPE))
+    q, k, v = jnp.split(qkv_BxTx3D, 3, axis=-1)  # each [B,T,D]
+    q, k = self.q_norm(q), self.k_norm(k)
+    split = lambda t: t.astype(COMPUTE_DTYPE).reshape(B, T, self.num_heads, self.head_dim)
+    q_BxTxHxd = rope(split(q), positions_T, self.rope_theta)
+    k_BxTxHxd = rope(split(k), positions_T, self.rope_theta)
+    o_BxTxHxd = causal_attention(q_BxTxHxd, k_BxTxHxd, split(v), impl=self.impl)
+    return self.out(o_BxTxHxd.reshape(B, T, d))
+
+
+class MLP(nnx.Module):
+  """SwiGLU with a fused up/gate projection: ``down(silu(gate) * up)``."""
+
+  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
+    self.up_gate = _quant_linear(cfg, cfg.d_model, 2 * cfg.mlp_hidden, recipe, gemm, rngs)
+    self.down = _quant_linear(cfg, cfg.mlp_hidden, cfg.d_model, recipe, gemm, rngs)
+
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    up, gate = jnp.split(self.up_gate(x_BxTxD.astype(COMPUTE_DTYPE)), 2, axis=-1)  # [B,T,H] each
+    h_BxTxH = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(COMPUTE_DTYPE)
+    return self.down(h_BxTxH)
+
+
+class Block(nnx.Module):
+  """One OLMo-2 block with norm_after: ``h = x + norm(attn(x)); h + norm(mlp(h))``."""
+
+  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
+    self.attn = Attention(cfg, recipe, gemm=gemm, rngs=rngs)
+    self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    self.mlp = MLP(cfg, recipe, gemm=gemm, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+  def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+    h = x_BxTxD + self.attn_norm(self.attn(x_BxTxD, positions_T)).astype(jnp.float32)
+    return h + self.mlp_norm(self.mlp(h)).astype(jnp.float32)
+
+
+class OLMo2(nnx.Module):
+  """OLMo-2 decoder; ``model(tokens int32[B,T]) -> logits float32[B,T,V_padded]``.
+
+  Args:
+    cfg: the model config (``cfg.vocab_size`` must be set).
+    recipe: recipe name for the block linears (`tetrajet_jax.linear.recipes`).
+      With ``"nvidia_nvfp4"`` the last ``ceil(cfg.nvidia_bf16_fraction * L)``
+      blocks use ``"bf16"`` (NVIDIA keeps ~15% of the linears in bf16).
+    gemm: GEMM implementation passed to every QuantLinear.
+    rngs: parameter init and quantization key streams.
+
+  Example:
+    >>> model = OLMo2(get_config("tiny").with_vocab(4096), recipe="bf16", rngs=nnx.Rngs(0))
+    >>> logits = model(jnp.zeros((2, 128), jnp.int32))
+  """
+
+  def __init__(self, cfg: ModelConfig, *, recipe: str, rngs: nnx.Rngs, gemm: str = "fast"):
+    self.cfg = cfg
+    self.recipe_name = recipe
+    base = recipes.get(recipe)
+    bf16 = recipes.get("bf16")
+    bf16_blocks = cfg.bf16_blocks(recipe)
+    init = truncated_normal_init(cfg.init_std)
+    V, d = cfg.padded_vocab, cfg.d_model
+    self.embed = nnx.Embed(V, d, param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
+    for i in range(cfg.num_layers):
+      # Named attributes, not a list: string keys all the way down keep the
+      # checkpoint tree and the optimizer's path filters simple.
+      setattr(self, f"layers_{i}",
+              Block(cfg, bf16 if i in bf16_blocks else base, gemm=gemm, rngs=rngs))
+    self.final_norm = RMSNorm(d, eps=cfg.norm_eps)
+    self.lm_head = nnx.Linear(d, V, use_bias=False, dtype=COMPUTE_DTYPE, param_dtype=jnp.float32,
+                              kernel_init=init, preferred_element_type=jnp.float32, rngs=rngs)
+
+  @property
+  def blocks(self) -> list[Block]:
+    return [getattr(self, f"layers_{i}") for i in range(self.cfg.num_layers)]
+
+  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+    T = tokens_BxT.shape[1]
+    positions_T = jnp.arange(T, dtype=jnp.int32)
+    h_BxTxD = self.embed(tokens_BxT).astype(jnp.float32)
+    for block in self.blocks:
+      h_BxTxD = block(h_BxTxD, positions_T)
+    return self.lm_head(self.final_norm(h_BxTxD)).astype(jnp.float32)  # [B,T,V]
+
+
+def lm_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array, *, z_loss: float,
+            weights_BxT: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean next-token cross-entropy plus ``z_loss * logsumexp(logits)**2`` (OLMo).
+
+  Returns:
+    (total loss, {"ce": mean cross-entropy, "z_loss": mean z-loss term}).
+  """
+  logits = logits_BxTxV.astype(jnp.float32)
+  lse_BxT = jax.nn.logsumexp(logits, axis=-1)
+  target_logit_BxT = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+  ce_BxT = lse_BxT - target_logit_BxT
+  z_BxT = z_loss * jnp.square(lse_BxT)
+  if weights_BxT is None:
+    weights_BxT = jnp.ones_like(ce_BxT)
+  denom = jnp.maximum(weights_BxT.sum(), 1.0)
+  ce = (ce_BxT * weights_BxT).sum() / denom
+  z = (z_BxT * weights_BxT).sum() / denom
+  return ce + z, {"ce": ce, "z_loss": z}
