@@ -6,7 +6,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m experiments.demo
+	$(PY) -m experiments.format_errors
 
 test: setup
 	$(PY) -m pytest -q -n 2 tests
