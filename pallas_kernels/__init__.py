@@ -5,7 +5,8 @@ fall back to tetrajet_jax.numerics (XLA) where the check says no.
 """
 
 from pallas_kernels._platform import hopper_available
-from pallas_kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_pallas_gemm, nvfp4_gemm,
+from pallas_kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
+                                       nvfp4_gemm,
                                        nvfp4_gemm_reference)
 from pallas_kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)

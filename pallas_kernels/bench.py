@@ -211,16 +211,39 @@ def bench_gemms(rows: list, log, quick: bool):
     log.flush()
 
 
+LINEAR_SHAPES = [(16384, 1024, 4096), (16384, 4096, 1024)]  # (M tokens, K in, N out)
+
+
 def bench_linear(rows: list, log):
-  """TetraJet-v2 linear fwd+bwd vs bf16 linear; needs tetrajet_jax.linear (the lead's layer)."""
+  """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear; needs tetrajet_jax.linear."""
   try:
-    import tetrajet_jax.linear as linear  # noqa: F401 - lazy: lands separately
+    from tetrajet_jax.linear import linear  # noqa: PLC0415 - lazy: the layer lands separately
   except ImportError as e:
     rows.append(dict(kind="linear", name="tetrajet linear fwd+bwd", ok=False,
                      error=f"skipped: tetrajet_jax.linear not importable ({e})"))
     return
-  rows.append(dict(kind="linear", name="tetrajet linear fwd+bwd", ok=False,
-                   error="skipped: linear-layer benchmark hook not wired to its API yet"))
+  for (m, k, n) in LINEAR_SHAPES:
+    kx, kw, kd = jax.random.split(jax.random.key(5), 3)
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
+    dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
+
+    def step(x, w, dy, key, recipe, gemm):
+      y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe=recipe, key=key, gemm=gemm), x, w)
+      return y, vjp(dy.astype(y.dtype))
+
+    t_ref = None
+    for recipe, gemm in (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
+      name = f"linear fwd+bwd {recipe} gemm={gemm}"
+      try:
+        f = jax.jit(lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm))
+        dt = time_fn(f, x, w, dy, jax.random.key(0), reps=7, inner=3)
+        t_ref = dt if t_ref is None else t_ref
+        rows.append(dict(kind="linear", name=name, shape=(m, k, n), ms=dt * 1e3, vs_bf16=dt / t_ref, ok=True))
+      except Exception as e:  # noqa: BLE001
+        log.write(f"{name} {(m, k, n)}:\n{traceback.format_exc()}\n")
+        rows.append(dict(kind="linear", name=name, shape=(m, k, n), ok=False,
+                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
 
 
 def format_table(rows: list) -> str:
@@ -236,6 +259,8 @@ def format_table(rows: list) -> str:
     elif r["kind"] == "gemm":
       lines.append(f"gemm       {r['name']:<48} {shape:<18} {r['ms']:8.3f} ms {r['tflops']:6.0f} TFLOP/s "
                    f"vs_bf16={r['vs_bf16']:.2f}")
+    elif r["kind"] == "linear":
+      lines.append(f"linear     {r['name']:<48} {shape:<18} {r['ms']:8.3f} ms time/bf16={r['vs_bf16']:.2f}")
     elif r["kind"] == "gemm_check":
       lines.append(f"check      {r['name']:<48} ok rel_err={r['rel_err']:.2e}")
   return "\n".join(lines)

@@ -240,34 +240,47 @@ def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT
 def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
   if not isinstance(t, NVFP4Tensor):
     raise TypeError(f"{name}: {which} must be an NVFP4Tensor, got {type(t).__name__}.")
-  if len(t.shape) != 2 or t.axis != 1:
-    raise ValueError(f"{name}: {which} must be 2-D and quantized along its last axis "
-                     f"(quantize_nvfp4(x, axis=-1)), got shape {t.shape}, axis {t.axis}.")
+  if len(t.shape) != 2:
+    raise ValueError(f"{name}: {which} must be 2-D (canonical [rows, Kp]), got shape {t.shape}.")
   if t.block_2d:
-    raise ValueError(f"{name}: {which} uses 16x16 blocks; this kernel takes 1x16 blocks along K.")
+    raise ValueError(f"{name}: {which} uses 16x16 blocks; this kernel takes 1x16 blocks along K "
+                     "(quantize_nvfp4(x, axis=...) with block_2d=False).")
 
 
 def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG,
                interpret: bool = False) -> jax.Array:
-  """a_hat @ b_hat^T for NVFP4 a [M, K] and b [N, K], both quantized along K.
+  """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].
 
-  Exact products, FP32 accumulation, outer scales promoted once per 128-wide K
+  a and b are 2-D NVFP4Tensors; their canonical layout (quantized axis moved
+  last, padded to Kp) is the GEMM operand, so a = quantize_nvfp4(x, axis=-1)
+  gives A = x [M, K], and quantize_nvfp4(y, axis=0) gives A = y^T. Exact
+  products, FP32 accumulation, outer scales promoted once per 128-wide K
   chunk. Block scaling (1x16 E4M3 in 1x128 FP32) or tensor scaling (scalar
-  outer scales; both operands may differ in scaling). M and N are the logical
-  row counts; padding of K (canonical layout) is harmless (zeros).
+  outer scale), mixed freely. Padding of K is zeros and changes nothing.
 
   Returns:
-    [M, N] in out_dtype.
+    [rows(a), rows(b)] in out_dtype.
   """
   _check_nvfp4(a, "nvfp4_gemm", "a")
   _check_nvfp4(b, "nvfp4_gemm", "b")
   if a.codes.shape[-1] != b.codes.shape[-1]:
     raise ValueError(f"nvfp4_gemm: padded K differs: a {2 * a.codes.shape[-1]}, b {2 * b.codes.shape[-1]}; "
-                     f"logical shapes {a.shape} and {b.shape} must share K.")
+                     f"logical shapes {a.shape} (axis {a.axis}) and {b.shape} (axis {b.axis}) must share K.")
   a_qs, a_so = nvfp4_bf16_operand(a)
   b_qs, b_so = nvfp4_bf16_operand(b)
   return block_scaled_bf16_gemm(a_qs, a_so, b_qs, b_so, out_dtype=out_dtype, config=config,
                                 interpret=interpret)
+
+
+def can_use_nvfp4_gemm(a, b, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
+  """True when nvfp4_gemm(a, b) runs here (Hopper GPU, supported operands and shapes)."""
+  if not (isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)):
+    return False
+  if len(a.shape) != 2 or len(b.shape) != 2 or a.block_2d or b.block_2d:
+    return False
+  if a.codes.shape[-1] != b.codes.shape[-1]:
+    return False
+  return can_use_pallas_gemm(a.codes.shape[0], b.codes.shape[0], 2 * a.codes.shape[-1], config=config)
 
 
 def nvfp4_gemm_reference(a: NVFP4Tensor, b: NVFP4Tensor, *, dtype=jnp.float32) -> jax.Array:

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import GemmConfig, block_scaled_bf16_gemm, can_use_pallas_gemm, nvfp4_gemm
+from pallas_kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
+                            nvfp4_gemm)
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
@@ -74,17 +75,28 @@ def test_gemm_rejects_bad_operands(rng):
   a3 = quantize_nvfp4(jnp.ones((128, 256)), axis=-1)
   with pytest.raises(ValueError, match="padded K differs"):
     nvfp4_gemm(a3, b, config=SMALL, interpret=True)
-  with pytest.raises(ValueError, match="quantized along its last axis"):
-    nvfp4_gemm(quantize_nvfp4(jnp.ones((128, 128)), axis=0), b, config=SMALL, interpret=True)
+  with pytest.raises(ValueError, match="16x16 blocks"):
+    nvfp4_gemm(quantize_nvfp4(jnp.ones((128, 128)), axis=-1, block_2d=True), b, config=SMALL, interpret=True)
   with pytest.raises(ValueError, match="bfloat16"):
     block_scaled_bf16_gemm(jnp.ones((128, 128)), 1.0, jnp.ones((128, 128)), 1.0, config=SMALL, interpret=True)
   with pytest.raises(ValueError, match="multiples of 64"):
     GemmConfig(tile_m=96)
 
 
+def test_gemm_axis0_operand_is_the_transpose_interpret(rng):
+  """quantize_nvfp4(y, axis=0) is the operand y^T (canonical layout), as the dW GEMM uses it."""
+  y = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)  # [K, M]: quantized along K = axis 0
+  a = quantize_nvfp4(y, axis=0)
+  b = quantize_nvfp4(jnp.asarray(rng.standard_normal((128, 256)), jnp.float32), axis=-1)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=SMALL, interpret=True)
+  assert out.shape == (128, 128)
+  assert rel_err(out, reference64(a, b)) < 1e-5
+
+
 def test_can_use_pallas_gemm_shapes():
   if jax.default_backend() != "gpu":
     assert not can_use_pallas_gemm(8192, 8192, 8192)
+    assert not can_use_nvfp4_gemm(quantize_nvfp4(jnp.ones((256, 256))), quantize_nvfp4(jnp.ones((256, 256))))
   assert not can_use_pallas_gemm(8192, 8192, 100)
 
 
@@ -95,4 +107,4 @@ def test_gemm_matches_reference_gpu(rng, mkn):
   a, b = operands(rng, m, k, n)
   out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32))(a, b)
   assert rel_err(out, reference64(a, b)) < 1e-5
-  assert can_use_pallas_gemm(m, n, k)
+  assert can_use_pallas_gemm(m, n, k) and can_use_nvfp4_gemm(a, b)
