@@ -200,8 +200,12 @@ def osci_reset(
   def leaf_window_step(path, p, u, fields, row_active, starts, ends):
     """One window update of one leaf: (new update, new per-leaf fields)."""
     d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset = fields
+    # Barriers keep XLA (CPU) from contracting a product feeding these adds into an FMA: the
+    # upstream update and Q(w) = (q * s_in) * s_out must be rounded to float32 before they are
+    # added or subtracted, or w_new, D_Q and the exact landing would not be float32 arithmetic.
+    p, u = jax.lax.optimization_barrier((p, u))
     w_new = (p + u).astype(p.dtype)  # what optax.apply_updates will produce
-    q_prev, q_new = quantizer(p), quantizer(w_new)
+    q_prev, q_new = jax.lax.optimization_barrier((quantizer(p), quantizer(w_new)))
     active = jnp.broadcast_to(row_active.reshape((-1,) + (1,) * (p.ndim - 1)), p.shape)
     if lean:
       def select(_):
