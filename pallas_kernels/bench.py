@@ -114,7 +114,6 @@ def bench_quantizers(rows: list, log, quick: bool):
                        gbps=(x.nbytes + out_bytes) / t_xla / 1e9, vs_copy=(x.nbytes + out_bytes) / t_xla / copy_bw,
                        vs_xla=1.0, copy_gbps=copy_bw / 1e9, ok=True))
       variants = [("rows64_s2", dict(block_rows=64, max_concurrent_steps=2)),
-                  ("rows64_s4", dict(block_rows=64, max_concurrent_steps=4)),
                   ("rows128_s2", dict(block_rows=128, max_concurrent_steps=2))]
       for vname, kw in variants:
         for emit in (False, True):
