@@ -52,9 +52,14 @@ from tetrajet_jax.optim import osci_reset, osci_reset_metrics
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train.arms import Arm, get_arm
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
+from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
 from tetrajet_jax.train.schedule import (CalibrationWindow, OsciResetWindows, Schedule, scaled_calibration,
                                          scaled_osci_reset)
+
+
+_STEP_FNS: dict[Any, Callable] = {}
+_EVAL_FNS: dict[Any, Callable] = {}
 
 
 class NonFiniteLossError(RuntimeError):
@@ -80,6 +85,9 @@ class TrainConfig:
     osci_start, osci_period, osci_window, osci_threshold: OsciReset
       placement; ``None`` = scaled to the schedule (`schedule.scaled_osci_reset`).
     calib_start, calib_steps: OutControl calibration window; ``None`` = scaled.
+    layers: override the model config's number of blocks (quick experiments).
+    monitor_oscillation: quantized arms without OsciReset measure the
+      oscillating fraction on OsciReset's windows (`osci_monitor`).
     gemm: QuantLinear GEMM mode.
     attention: ``"xla"`` or ``"cudnn"``.
     eval_every: periodic validation every N steps (0: only when asked).
@@ -115,6 +123,8 @@ class TrainConfig:
   eval_batches: int = 4
   checkpoint_every: int = 0
   keep_checkpoints: int = 2
+  layers: int | None = None
+  monitor_oscillation: bool = True
 
   # Fields that do not change a single number of the run; a checkpoint may be
   # resumed with other values.
@@ -136,8 +146,9 @@ class TrainConfig:
     if self.peak_lr is None:
       object.__setattr__(self, "peak_lr", get_config(self.model).peak_lr)
     self.schedule  # pylint: disable=pointless-statement  (validates steps and LR)
-    if arm.oscireset:
-      self.osci_windows  # pylint: disable=pointless-statement
+    if self.layers is not None and self.layers < 1:
+      raise ValueError(f"layers={self.layers} must be >= 1 (or None for the config's).")
+    if arm.oscireset or (arm.quantized and self.monitor_oscillation):
       w = self.osci_windows
       if w.start_step + w.window > self.total_steps:
         raise ValueError(f"OsciReset's first window [{w.start_step}, {w.start_step + w.window}) ends "
@@ -236,10 +247,14 @@ def build_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
   parts = [optax.clip_by_global_norm(config.clip_norm),
            optax.adamw(config.schedule.lr, b1=config.b1, b2=config.b2, eps=config.eps,
                        weight_decay=config.weight_decay, mask=_decay_mask)]
+  w = config.osci_windows
   if config.arm_spec.oscireset:
-    w = config.osci_windows
     parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
                             threshold=w.threshold, param_filter=param_filter))
+  elif config.arm_spec.quantized and config.monitor_oscillation and param_filter is not None:
+    # Same windows, measure only: the "without OsciReset" curve of the oscillation plot.
+    parts.append(osci_monitor(start_step=w.start_step, period=w.period, window=w.window,
+                              threshold=w.threshold, param_filter=param_filter))
   return optax.chain(*parts)
 
 
@@ -270,8 +285,10 @@ class Trainer:
     self.progress = progress
     self.mesh = mesh if mesh is not None else sharding_lib.make_mesh()
     sharding_lib.check_batch(config.batch_size, self.mesh)
+    base = get_config(config.model)
     self.model_config: ModelConfig = dataclasses.replace(
-        get_config(config.model).with_vocab(data.vocab_size), attention=config.attention)
+        base.with_vocab(data.vocab_size), attention=config.attention,
+        num_layers=base.num_layers if config.layers is None else config.layers)
 
     model = OLMo2(self.model_config, recipe=self.arm.recipe, rngs=nnx.Rngs(config.seed), gemm=config.gemm)
     self._param_filter = qnn.quantized_kernel_filter(model)
@@ -286,8 +303,6 @@ class Trainer:
     self._batch_sharding = sharding_lib.batch_sharding(self.mesh)
     self.state = jax.device_put(state, self._state_shardings)
     self.step = 0
-    self._step_fns: dict[Any, Callable] = {}
-    self._eval_fns: dict[Any, Callable] = {}
 
     self._train_ds = make_train_dataset(data.train_tokens, seq_len=config.seq_len,
                                         batch_size=config.batch_size, seed=config.data_seed,
@@ -379,6 +394,7 @@ class Trainer:
   def _make_step(self) -> Callable:
     graphdef, tx, cfg = self._graphdef, self.tx, self.config
     z_loss, schedule, oscireset = self.model_config.z_loss, cfg.schedule, self.arm.oscireset
+    monitored = not oscireset and self.arm.quantized and cfg.monitor_oscillation
 
     def train_step(state, batch):
       params, model_vars = state["params"], state["model"]
@@ -401,26 +417,34 @@ class Trainer:
                  "train/lr": schedule.lr(state["step"])}
       if oscireset:
         metrics.update(osci_reset_metrics(opt))
+      elif monitored:
+        metrics["osci/risk_frac"] = find_monitor_state(opt).risk_frac
       return {"params": new_params, "model": new_vars, "opt": opt, "step": state["step"] + 1}, metrics
 
     return jax.jit(train_step, in_shardings=(self._state_shardings, self._batch_sharding),
                    out_shardings=(self._state_shardings, sharding_lib.replicated(self.mesh)),
                    donate_argnums=0)
 
+  def _cache_key(self) -> tuple:
+    return (self._graphdef, json.dumps(self.config.run_identity(), sort_keys=True), self.mesh,
+            jax.tree.structure(self.state))
+
   def _step_fn(self) -> Callable:
-    key = (self._phase, self._graphdef)
-    if key not in self._step_fns:
-      self._step_fns[key] = self._make_step()
-    return self._step_fns[key]
+    # Shared across Trainer instances of the same run (resume, tests): the
+    # function is fully determined by the key, so recompiling would be waste.
+    key = self._cache_key()
+    if key not in _STEP_FNS:
+      _STEP_FNS[key] = self._make_step()
+    return _STEP_FNS[key]
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
     """``tokens int32[B,T] -> float32 logits`` with the current state (no state change)."""
-    key = (self._phase, self._graphdef)
-    if key not in self._eval_fns:
+    key = self._graphdef
+    if key not in _EVAL_FNS:
       graphdef = self._graphdef
-      self._eval_fns[key] = jax.jit(lambda params, model_vars, tokens: nnx.merge(
+      _EVAL_FNS[key] = jax.jit(lambda params, model_vars, tokens: nnx.merge(
           graphdef, params, model_vars)(tokens))
-    fn = self._eval_fns[key]
+    fn = _EVAL_FNS[key]
     params, model_vars = self.state["params"], self.state["model"]
     return lambda tokens: fn(params, model_vars, jnp.asarray(tokens, jnp.int32))
 

@@ -1,0 +1,1 @@
+"""Experiments on top of the library: the ablation runner and its plots."""
