@@ -47,7 +47,7 @@ def ref_latent(w) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def toy_runs():
-  cfg = toy.ToyConfig(steps=320)
+  cfg = toy.ToyConfig(steps=260)
   dense = toy.make_problem(jax.random.key(1), cfg.shape, cfg.start_offset, 1.0)
   sparse = toy.make_problem(jax.random.key(2), cfg.shape, cfg.start_offset, 0.05)
   return cfg, {
@@ -68,8 +68,9 @@ def test_toy_oscillation_suppressed(toy_runs, arm):
   assert base.flips[after].mean() >= 0.9 * base.flips[before].mean() > 100
   # Same trajectory up to the first reset (the window only observes). Not bitwise: the two scans are
   # different XLA programs, and XLA may contract Adam's arithmetic differently in each.
-  np.testing.assert_allclose(osc.flips[:cfg.start_step + cfg.window - 1],
-                             base.flips[:cfg.start_step + cfg.window - 1], rtol=2e-3)
+  first_reset = cfg.start_step + cfg.window - 1
+  np.testing.assert_allclose(osc.flips[:first_reset], base.flips[:first_reset], rtol=0.02, atol=3)
+  np.testing.assert_allclose(osc.flips[:first_reset].sum(), base.flips[:first_reset].sum(), rtol=1e-3)
   assert osc.flips[after].sum() * 10 <= base.flips[after].sum()
   assert osc.loss[-1] <= base.loss[-1] * (1 + 1e-6)
   assert osc.loss[after].mean() <= base.loss[after].mean() * (1 + 1e-6)
@@ -275,8 +276,7 @@ def _chain(lr_inject: bool, track_fraction=1.0, upstream="adamw"):
   return optax.chain(opt, osci_reset(start_step=3, period=8, window=3, track_fraction=track_fraction))
 
 
-@pytest.mark.parametrize("track_fraction", [1.0, 0.1])
-@pytest.mark.parametrize("upstream", ["sgd", "adamw"])
+@pytest.mark.parametrize("upstream, track_fraction", [("sgd", 1.0), ("adamw", 0.1)])
 def test_multisteps_inject_donation_match_plain(key, track_fraction, upstream):
   prob, params = _toy_params(key)
   grads = jax.jit(lambda p: _grads(prob, p))  # one program for both arms: identical gradient bits
@@ -327,9 +327,10 @@ def test_orbax_round_trip_continues_identically(key, tmp_path, track_fraction):
   assert isinstance(restored["opt"][1], OsciResetState)
   chex.assert_trees_all_equal(restored["opt"], s)
 
+  step = jax.jit(lambda params, state: (lambda u_s: (optax.apply_updates(params, u_s[0]), u_s[1]))(
+      tx.update(_grads(prob, params), state, params)))
+
   def cont(params, state):
-    step = jax.jit(lambda params, state: (lambda u_s: (optax.apply_updates(params, u_s[0]), u_s[1]))(
-        tx.update(_grads(prob, params), state, params)))
     for _ in range(10):
       params, state = step(params, state)
     return params, state

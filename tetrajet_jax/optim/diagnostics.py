@@ -57,12 +57,13 @@ def oscillation_fraction(
     {'osci/risk_frac/<path>': float, ..., 'osci/risk_frac': float}; a bare
     array trajectory gives only 'osci/risk_frac'.
   """
-  if isinstance(source, OsciResetState) or not isinstance(source, Sequence):
+  holds_state = any(isinstance(x, OsciResetState) for x in
+                    jax.tree_util.tree_leaves(source, is_leaf=lambda x: isinstance(x, OsciResetState)))
+  if holds_state or not isinstance(source, Sequence):
     if threshold is not None:
       raise ValueError("oscillation_fraction: an OsciReset state counts R >= tau at the transformation's own "
                        "threshold; leave threshold=None (or pass a recorded trajectory).")
-    metrics = osci_reset_metrics(find_osci_reset_state(source) if not isinstance(source, OsciResetState)
-                                 else source)
+    metrics = osci_reset_metrics(find_osci_reset_state(source))
     return {k: float(v) for k, v in metrics.items() if k.startswith("osci/risk_frac")}
   if len(source) < 2:
     raise ValueError(f"oscillation_fraction: a trajectory needs at least 2 snapshots, got {len(source)}.")
