@@ -5,7 +5,6 @@ trajectory against the OsciReset state."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

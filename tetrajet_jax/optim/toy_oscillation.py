@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
