@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -25,6 +26,7 @@ def rel_err(a, b) -> float:
   return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+@functools.partial(jax.jit, static_argnames=("recipe", "gemm"))
 def grads(recipe, x, w, dy, key, gemm="exact", outlier_idx=None):
   f = lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=outlier_idx)
   y, vjp = jax.vjp(f, x, w)
@@ -119,15 +121,16 @@ def test_outlier_split(rng, key):
   x[:, [5, 77, 300]] *= 50.0  # outlier channels
   w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
   xj, wj = jnp.asarray(x), jnp.asarray(w)
-  pure = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact")
-  empty = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact",
-                    outlier_idx=jnp.zeros((0,), jnp.int32))
-  base = tj.linear(xj, wj, recipe="tetrajet_v2", key=key, gemm="exact")
+  fwd = jax.jit(lambda r, i: tj.linear(xj, wj, recipe=r, key=key, gemm="exact", outlier_idx=i),
+                static_argnums=0)
+  pure = fwd("tetrajet_v2_outcontrol", None)
+  empty = fwd("tetrajet_v2_outcontrol", jnp.zeros((0,), jnp.int32))
+  base = fwd("tetrajet_v2", None)
   np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(empty, np.float32))
   np.testing.assert_array_equal(np.asarray(pure, np.float32), np.asarray(base, np.float32))
   idx = np.sort(np.r_[[5, 77, 300], np.setdiff1d(np.arange(k), [5, 77, 300])[:125]]).astype(np.int32)
   rest = np.setdiff1d(np.arange(k), idx)
-  y = tj.linear(xj, wj, recipe="tetrajet_v2_outcontrol", key=key, gemm="exact", outlier_idx=jnp.asarray(idx))
+  y = fwd("tetrajet_v2_outcontrol", jnp.asarray(idx))
   # Reference: FP4 on the other channels + MXFP8 on the chosen ones.
   dx, ex = ref.mxfp8(x[:, idx])
   xo = dx * np.repeat(np.exp2(ex), 32, -1)
@@ -149,7 +152,7 @@ def test_fast_gemm_deviation_from_exact(rng, key):
   x = jnp.asarray(rng.standard_normal((256, 512)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((512, 256)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
-  for recipe in QUANT_RECIPES:
+  for recipe in ("nvidia_nvfp4", "tetrajet_v2"):
     e = grads(recipe, x, w, dy, key, gemm="exact")
     f = grads(recipe, x, w, dy, key, gemm="fast")
     for a, b in zip(f, e):
@@ -168,12 +171,14 @@ def _dot_operand_sources(jaxpr) -> list[tuple[set, set]]:
   amax): what remains reachable is high-precision data flowing straight in."""
   producers = {}
   dots = []
+  consts = set(jaxpr.jaxpr.constvars)  # lookup tables (the E2M1 grid), not data
 
   def walk(jx, env):
     for eqn in jx.eqns:
       subs = [p for p in eqn.params.values() if isinstance(p, (jcore.ClosedJaxpr, jcore.Jaxpr))]
       if subs:
         sub = subs[0].jaxpr if isinstance(subs[0], jcore.ClosedJaxpr) else subs[0]
+        consts.update(sub.constvars)
         inner_env = {iv: env.get(ov, ov) if not isinstance(ov, jcore.Literal) else None
                      for iv, ov in zip(sub.invars, eqn.invars)}
         walk(sub, inner_env)
@@ -187,7 +192,6 @@ def _dot_operand_sources(jaxpr) -> list[tuple[set, set]]:
         dots.append(ins)
 
   walk(jaxpr.jaxpr, {})
-  consts = set(jaxpr.jaxpr.constvars)  # lookup tables (the E2M1 grid), not data
   narrow = {jnp.dtype(jnp.uint8), jnp.dtype(jnp.float8_e4m3fn)}
 
   def leaks(v, seen):
@@ -313,7 +317,7 @@ def test_quant_linear_is_a_drop_in_for_nnx_linear(rng):
   p_q = nnx.state(q, nnx.Param).to_pure_dict()
   chex.assert_trees_all_equal(p_lin, p_q)
   x = jnp.asarray(rng.standard_normal((8, 256)), jnp.float32)
-  y = q(x)
+  y = nnx.jit(lambda q, x: q(x))(q, x)
   want = tj.linear(x, q.kernel[...], recipe="tetrajet_v2", key=jax.random.key(0)) + q.bias[...]
   assert rel_err(y, want) < 1e-2 and rel_err(y, lin(x)) < 0.2
 
@@ -339,8 +343,9 @@ def test_outcontrol_calibration_picks_largest_norms(rng):
   hot = rng.choice(512, 128, replace=False)
   scale[hot] = 20.0
   tj.set_outcontrol_phase(q, "calibrate")
+  call = nnx.jit(lambda q, x: q(x))
   for _ in range(3):
-    q(jnp.asarray(rng.standard_normal((64, 512)) * scale, jnp.float32))
+    call(q, jnp.asarray(rng.standard_normal((64, 512)) * scale, jnp.float32))
   tj.freeze_outlier_channels(q)
   np.testing.assert_array_equal(np.asarray(q.oc_channels[...]), np.sort(hot))
   assert q.outcontrol_phase == "frozen"

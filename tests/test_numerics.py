@@ -370,7 +370,10 @@ def test_check_numerics_raises_under_jit():
 
 # ---------------------------------------------------------------- property-based fuzzing
 
-@settings(max_examples=40, deadline=None)
+_jit_quantize = jax.jit(tj.quantize_nvfp4, static_argnames=("axis",))
+
+
+@settings(max_examples=20, deadline=None)
 @given(
     lead=st.integers(1, 5),
     k=st.integers(1, 300),
@@ -381,7 +384,7 @@ def test_check_numerics_raises_under_jit():
 def test_fuzz_nvfp4_vs_reference(lead, k, axis, scale_exp, seed):
   r = np.random.default_rng(seed)
   x = (r.standard_t(2.5, (lead, k)) * np.float32(2.0**scale_exp)).astype(np.float32)
-  t = tj.quantize_nvfp4(jnp.asarray(x), axis=axis)
+  t = _jit_quantize(jnp.asarray(x), axis=axis)
   xc = np.moveaxis(x, axis, -1)
   n = xc.shape[-1]
   codes, s_in, _ = ref.nvfp4_block(np.pad(xc, [(0, 0), (0, (-n) % 128)]))

@@ -8,14 +8,21 @@ Public surface; everything else may move. Layers, bottom to top:
   -> experiments (ablation runner, outside the package)
 """
 
+from tetrajet_jax.data import Tokenizer, locate_data, make_train_dataset, make_val_dataset
+from tetrajet_jax.evaluation import TaskResult, evaluate_downstream, evaluate_perplexity
 from tetrajet_jax.linear import Recipe, linear, recipes
 from tetrajet_jax.nn import QuantLinear, freeze_outlier_channels, quantize_linears, set_outcontrol_phase
+from tetrajet_jax.optim import (OsciResetState, latent_weight_histogram, osci_reset, osci_reset_metrics,
+                                oscillation_fraction, weight_change_rates)
 from tetrajet_jax.numerics import (MXFP8Tensor, NonFiniteError, NVFP4Tensor, check_numerics, dequantize,
                                    inverse_random_hadamard_16, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
 
 __all__ = [
-    "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "QuantLinear", "Recipe", "check_numerics", "dequantize",
-    "freeze_outlier_channels", "inverse_random_hadamard_16", "linear", "quantize_linears", "quantize_mxfp8",
-    "quantize_nvfp4", "random_hadamard_16", "recipes", "set_outcontrol_phase",
+    "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "OsciResetState", "QuantLinear", "Recipe", "TaskResult",
+    "Tokenizer", "check_numerics", "dequantize", "evaluate_downstream", "evaluate_perplexity",
+    "freeze_outlier_channels", "inverse_random_hadamard_16", "latent_weight_histogram", "linear",
+    "locate_data", "make_train_dataset", "make_val_dataset", "osci_reset", "osci_reset_metrics",
+    "oscillation_fraction", "quantize_linears", "quantize_mxfp8", "quantize_nvfp4", "random_hadamard_16",
+    "recipes", "set_outcontrol_phase", "weight_change_rates",
 ]

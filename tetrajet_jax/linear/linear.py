@@ -190,6 +190,8 @@ def _linear_2d_bwd(recipe, gemm, res: _Residuals, dy):
 
 
 _linear_2d.defvjp(_linear_2d_fwd, _linear_2d_bwd)
+# One compiled computation for eager callers (inside an outer jit it inlines).
+_linear_2d_jit = jax.jit(_linear_2d, static_argnums=(4, 5))
 
 
 def outlier_count(k: int, fraction: float) -> int:
@@ -273,7 +275,7 @@ def linear(
       raise ValueError(f"linear: OutControl channels need a block-scaled recipe, not {recipe.name!r}.")
   if outlier_idx is not None:
     outlier_idx = outlier_idx.astype(jnp.int32)
-  y = _linear_2d(x.reshape(-1, k), kernel, key, outlier_idx, recipe, gemm)
+  y = _linear_2d_jit(x.reshape(-1, k), kernel, key, outlier_idx, recipe, gemm)
   return y.reshape(*lead, n)
 
 

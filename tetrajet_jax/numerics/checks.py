@@ -51,10 +51,9 @@ def _raise_if_nonfinite(all_finite: np.ndarray, *, name: str) -> None:
         "disable tetrajet_jax.check_numerics to let NaN propagate instead.")
 
 
-def maybe_check_finite(x: jax.Array, name: str) -> None:
-  """Emits a runtime finiteness check on x if checking is enabled."""
-  if numerics_checking_enabled():
-    jax.debug.callback(_raise_if_nonfinite, jnp.all(jnp.isfinite(x)), name=name)
+def emit_finite_check(x: jax.Array, name: str) -> None:
+  """Emits a runtime check (host callback) that raises NonFiniteError on NaN/Inf in x."""
+  jax.debug.callback(_raise_if_nonfinite, jnp.all(jnp.isfinite(x)), name=name)
 
 
 def as_float_input(x: jax.typing.ArrayLike, name: str) -> jax.Array:

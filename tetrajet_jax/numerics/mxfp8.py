@@ -8,6 +8,7 @@ saturating; elements are rounded to E4M3 with ties to even.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,13 @@ def quantize_mxfp8(x: jax.typing.ArrayLike, *, axis: int = -1) -> MXFP8Tensor:
   """
   x = checks.as_float_input(x, "quantize_mxfp8")
   axis = checks.normalize_axis(axis, x.ndim, "quantize_mxfp8")
-  checks.maybe_check_finite(x, "quantize_mxfp8")
+  return _quantize_mxfp8(x, axis=axis, check=checks.numerics_checking_enabled())
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "check"))
+def _quantize_mxfp8(x: jax.Array, *, axis: int, check: bool) -> MXFP8Tensor:
+  if check:
+    checks.emit_finite_check(x, "quantize_mxfp8")
   shape = tuple(x.shape)
   xc = checks.pad_axis_to_multiple(jnp.moveaxis(x, axis, -1), -1, MX_BLOCK)
   lead, k = xc.shape[:-1], xc.shape[-1]
@@ -87,6 +94,7 @@ def dequantize_mxfp8_canonical(t: MXFP8Tensor, dtype=jnp.float32) -> jax.Array:
   return (t.data.astype(jnp.float32) * s).astype(dtype)
 
 
+@jax.jit
 def dequantize_mxfp8(t: MXFP8Tensor) -> jax.Array:
   x = dequantize_mxfp8_canonical(t)
   canon = tuple(d for i, d in enumerate(t.shape) if i != t.axis) + (t.shape[t.axis],)

@@ -11,6 +11,7 @@ moves the axis back. Padding is zeros: it changes no amax and no dot product.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 import jax
@@ -103,6 +104,7 @@ def dequantize_nvfp4_canonical(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
   return ((q * s_in) * s_out).astype(dtype)
 
 
+@jax.jit
 def dequantize_nvfp4(t: NVFP4Tensor) -> jax.Array:
   """float32 array of t's logical shape and axis order."""
   x = dequantize_nvfp4_canonical(t)
@@ -167,8 +169,16 @@ def quantize_nvfp4(
     raise ValueError("quantize_nvfp4: rounding='stochastic' needs a PRNG key (key=jax.random.key(...)).")
   if block_2d and x.ndim != 2:
     raise ValueError(f"quantize_nvfp4: block_2d=True needs a 2-D array, got shape {x.shape}.")
-  checks.maybe_check_finite(x, "quantize_nvfp4")
+  return _quantize_nvfp4(x, key, axis=axis, rounding=rounding, scaling=scaling, block_2d=block_2d,
+                         check=checks.numerics_checking_enabled())
 
+
+# Jitted so eager callers get one compiled kernel instead of op-by-op
+# dispatch; `check` is static because the checking flag is read at trace time.
+@functools.partial(jax.jit, static_argnames=("axis", "rounding", "scaling", "block_2d", "check"))
+def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP4Tensor:
+  if check:
+    checks.emit_finite_check(x, "quantize_nvfp4")
   shape = tuple(x.shape)
   xc = jnp.moveaxis(x, axis, -1)  # canonical: quantized axis last
   k_multiple = OUTER_BLOCK if scaling == "block" else INNER_BLOCK
