@@ -42,8 +42,9 @@ def osci_monitor(*, start_step: int, period: int, window: int, threshold: float,
   quantize = NVFP4WeightQuantizer()
 
   def init_fn(params):
-    zeros = {k: jnp.zeros(x.shape, jnp.float32) for k, (p, x) in _flat(params).items() if param_filter(p, x)}
-    return OsciMonitorState(jnp.zeros((), jnp.int32), zeros, dict(zeros), jnp.zeros((), jnp.float32))
+    def zeros():  # distinct buffers for d_q and d_w (the train state is donated)
+      return {k: jnp.zeros(x.shape, jnp.float32) for k, (p, x) in _flat(params).items() if param_filter(p, x)}
+    return OsciMonitorState(jnp.zeros((), jnp.int32), zeros(), zeros(), jnp.zeros((), jnp.float32))
 
   def update_fn(updates, state, params=None, **extra):
     del extra

@@ -296,8 +296,8 @@ class Trainer:
     self._graphdef = graphdef
     self._phase = "fp4"
     self.tx = build_optimizer(config, param_filter=self._param_filter)
-    params = params.to_pure_dict()
-    state = {"params": params, "model": rest.to_pure_dict(), "opt": self.tx.init(params),
+    params = nnx.to_pure_dict(params)
+    state = {"params": params, "model": nnx.to_pure_dict(rest), "opt": self.tx.init(params),
              "step": jnp.zeros((), jnp.int32)}
     self._state_shardings = sharding_lib.tree_shardings(state, self.mesh)
     self._batch_sharding = sharding_lib.batch_sharding(self.mesh)
@@ -314,6 +314,7 @@ class Trainer:
                                  flops_per_token=self.model_config.flops_per_token(config.seq_len),
                                  peak=peak_flops())
     self.last_good_checkpoint: int | None = None
+    self.history: list[dict[str, float]] = []  # host metrics of this session's steps
     self._stop_signal: str | None = None
     if self.workdir is not None:
       self.workdir.mkdir(parents=True, exist_ok=True)
@@ -370,7 +371,7 @@ class Trainer:
       qnn.set_outcontrol_phase(model, want)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
-    self.state = {**self.state, "model": jax.device_put(rest.to_pure_dict(), self._state_shardings["model"])}
+    self.state = {**self.state, "model": jax.device_put(nnx.to_pure_dict(rest), self._state_shardings["model"])}
     self._phase = want
     self.throughput.reset()
 
@@ -403,7 +404,7 @@ class Trainer:
         model = nnx.merge(graphdef, p, model_vars)
         logits = model(batch["inputs"])
         loss, aux = lm_loss(logits, batch["targets"], z_loss=z_loss)
-        return loss, (aux, nnx.state(model, nnx.Not(nnx.Param)).to_pure_dict())
+        return loss, (aux, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 
       (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
       extra = {}
@@ -412,8 +413,8 @@ class Trainer:
       updates, opt = tx.update(grads, state["opt"], params, **extra)
       new_params = optax.apply_updates(params, updates)
       metrics = {"train/loss": loss, "train/ce": aux["ce"], "train/z_loss": aux["z_loss"],
-                 "train/grad_norm": optax.global_norm(grads),
-                 "train/param_norm": optax.global_norm(new_params),
+                 "train/grad_norm": optax.tree.norm(grads),
+                 "train/param_norm": optax.tree.norm(new_params),
                  "train/lr": schedule.lr(state["step"])}
       if oscireset:
         metrics.update(osci_reset_metrics(opt))
@@ -483,6 +484,7 @@ class Trainer:
     bad = [k for k in ("train/loss", "train/grad_norm", "train/param_norm") if not math.isfinite(host[k])]
     if self.writer is not None:
       self.writer.write(step, host)
+    self.history.append({"step": step, **host})
     if bad:
       if self.checkpointer is not None:
         self.checkpointer.wait()

@@ -1,0 +1,67 @@
+"""The ablation runner end to end on a synthetic corpus: table, CSV, plots, errors."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from experiments import ablation
+from tetrajet_jax.data import build as build_lib
+from tetrajet_jax.data import corpus, sources
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  folder = tmp_path / "src"
+  folder.mkdir()
+  words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing".split()
+  for i in range(40):
+    text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(400))
+    (folder / f"d{i:02d}.txt").write_text(text + ".")
+  monkeypatch.setattr(sources, "SOURCES", {**sources.SOURCES, "syn": sources.directory_source("syn", folder)})
+  root = tmp_path / "cache"
+  build_lib.build(build_lib.BuildConfig(
+      corpus=corpus.CorpusConfig(sources=("syn",), cache_dir=root, val_fraction=0.2),
+      vocab_size=300, eval_tasks=()))
+  monkeypatch.setenv("TETRAJET_CACHE", str(root))
+  monkeypatch.setenv("TETRAJET_BUNDLE", str(tmp_path / "no-bundle"))
+  return root
+
+
+def _argv(out, *extra):
+  return ["--model", "tiny", "--layers", "1", "--arms", "bf16,tetrajet_v2", "--steps", "8",
+          "--batch-size", "2", "--seq-len", "64", "--data", "bpe300", "--downstream", "none",
+          "--eval-every", "4", "--eval-batches", "1", "--out", str(out), "--no-progress",
+          "--no-compile-cache", *extra]
+
+
+def test_runner_writes_table_and_plots(cache, tmp_path, capsys):
+  out = tmp_path / "res"
+  assert ablation.main(_argv(out)) == 0
+  printed = capsys.readouterr().out
+  assert "| bf16 | ok |" in printed and "| tetrajet_v2 | ok |" in printed
+  rows = list(csv.DictReader(open(out / "results.csv", encoding="utf-8")))
+  assert [r["arm"] for r in rows] == ["bf16", "tetrajet_v2"]
+  assert all(float(r["val PPL"]) > 1.0 for r in rows)
+  for name in ("results.md", "loss.png", "oscillation.png", "bf16/metrics.jsonl", "tetrajet_v2/final.json"):
+    assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+  # Running again without --resume refuses; with --resume it reuses the finished arms.
+  assert ablation.main(_argv(out)) == 2
+  assert "pass --resume" in capsys.readouterr().err
+  assert ablation.main(_argv(out, "--resume")) == 0
+  assert "finished earlier" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--arms", "bf16,fp8"], "valid arms: bf16, nvidia_nvfp4"),
+    (["--model", "1b"], "valid models: tiny"),
+    (["--seq-len", "60"], "not a multiple of 128"),
+    (["--tokens", "1000"], "not a whole number of steps of 128 tokens"),
+    (["--tokens", "2048"], "do not fit the schedule"),
+    (["--downstream", "mmlu"], "unknown downstream task"),
+])
+def test_bad_input_fails_before_compute(tmp_path, capsys, extra, message):
+  assert ablation.main(_argv(tmp_path / "x", *extra)) == 2
+  assert message in capsys.readouterr().err
+  assert not (tmp_path / "x").exists()

@@ -1,0 +1,137 @@
+"""Trainer: schedule rules, every arm learns, exact resume, NaN stop, checkpoint errors, bad input."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig, TrainData,
+                                Trainer, parse_arms, read_jsonl, scaled_calibration, scaled_osci_reset)
+from tetrajet_jax.train.trainer import inject_nan
+
+
+@pytest.fixture(scope="module")
+def data():
+  # A learnable stream: a fixed random 97-token pattern, repeated.
+  rng = np.random.default_rng(0)
+  pattern = rng.integers(2, 256, size=97)
+  return TrainData(train_tokens=np.tile(pattern, 60).astype(np.uint16),
+                   val_tokens=np.tile(pattern, 6).astype(np.uint16), vocab_size=256)
+
+
+def _cfg(arm, **kw):
+  base = dict(model="tiny", arm=arm, layers=1, batch_size=2, seq_len=64, total_steps=12, warmup_steps=2,
+              peak_lr=3e-3, calib_start=0, calib_steps=2, osci_start=4, osci_period=4, osci_window=2)
+  base.update(kw)
+  return TrainConfig(**base)
+
+
+def test_schedule_closed_form():
+  s = Schedule(total_steps=101, warmup_steps=10, peak_lr=1.0, final_ratio=0.1)
+  assert float(s.lr(0)) == pytest.approx(0.1)
+  assert float(s.lr(9)) == pytest.approx(1.0)
+  assert float(s.lr(10)) == pytest.approx(1.0)
+  assert float(s.lr(55)) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 45 / 90)))
+  assert float(s.lr(100)) == pytest.approx(0.1)
+
+
+def test_scaled_windows_reproduce_the_reference_placement():
+  # 70M reference: 52B tokens / (1024 x 4096) = 12,398 steps; S = 8000, P = 200, T = 50;
+  # OutControl calibration on steps 501-550.
+  s = Schedule(total_steps=12398, warmup_steps=0, peak_lr=4e-4)
+  w = scaled_osci_reset(s)
+  assert 7400 <= w.start_step <= 8700  # 60-70% into the decay
+  assert 0.26 <= float(s.lr(w.start_step)) / 4e-4 <= 0.42
+  assert 150 <= w.period <= 250 and 40 <= w.window <= 50
+  c = scaled_calibration(s)
+  assert (c.start, c.length) == (501, 50)
+  short = scaled_osci_reset(Schedule(total_steps=250, warmup_steps=12, peak_lr=1.0))
+  assert short.window < short.period and short.start_step + short.window < 250
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_train_step_lowers_the_loss_for_every_arm(arm, data):
+  trainer = Trainer(_cfg(arm), data, progress=False)
+  trainer.train()
+  model = trainer.model()
+  losses = [r["train/loss"] for r in trainer.history]
+  assert losses[0] > 5.0  # ~log(256) at init
+  assert np.mean(losses[-3:]) < losses[0] - 1.0, losses
+  if ARMS[arm].outcontrol:  # calibrated on steps 0-1, then frozen channels
+    from tetrajet_jax import nn as qnn
+    tree = qnn.outlier_channels_tree(model)
+    assert any(x is not None for x in __import__("jax").tree.leaves(tree, is_leaf=lambda x: x is None))
+  if ARMS[arm].quantized:
+    assert "osci/risk_frac" in trainer.history[-1]
+
+
+def test_resume_continues_exactly(tmp_path, data):
+  cfg = _cfg("tetrajet_v2_full", checkpoint_every=3, calib_start=2, calib_steps=3, osci_start=3,
+             osci_period=4, osci_window=2)
+  full = Trainer(cfg, data, tmp_path / "full", progress=False)
+  full.train()
+  full.close()
+  part = Trainer(cfg, data, tmp_path / "part", progress=False)
+  r = part.train(num_steps=4)  # checkpoint at 3; the run then "dies" at step 4
+  assert r.status == "paused" and part.checkpointer.latest_step() == 4
+  part.close()
+  shutil.rmtree(tmp_path / "part" / "checkpoints" / "4")  # lose the newest checkpoint too
+  resumed = Trainer(cfg, data, tmp_path / "part", resume=True, progress=False)
+  assert resumed.step == 3
+  resumed.train()
+  resumed.close()
+  a = [r for r in read_jsonl(tmp_path / "full" / "metrics.jsonl") if "train/loss" in r]
+  b = [r for r in read_jsonl(tmp_path / "part" / "metrics.jsonl") if "train/loss" in r]
+  assert [r["step"] for r in b] == list(range(12))
+  for ra, rb in zip(a, b):  # CPU: bitwise equal metrics, OsciReset/OutControl included
+    for k in ra:
+      if k.startswith(("train/", "osci/")):
+        assert ra[k] == rb[k] or (math.isnan(ra[k]) and math.isnan(rb[k])), (ra["step"], k)
+
+
+def test_nan_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, data):
+  cfg = _cfg("bf16", checkpoint_every=2, total_steps=8)
+  t = Trainer(cfg, data, tmp_path, progress=False)
+  t.train(num_steps=4)
+  good = {k: np.asarray(v) for k, v in t.state["params"]["final_norm"].items()}
+  inject_nan(t)
+  with pytest.raises(NonFiniteLossError, match=r"step 4: non-finite train/loss=nan.*last good checkpoint is step 4"):
+    t.train()
+  assert t.checkpointer.all_steps()[-1] == 4
+  t.close()
+  again = Trainer(cfg, data, tmp_path, resume=True, progress=False)
+  assert again.step == 4
+  np.testing.assert_array_equal(np.asarray(again.state["params"]["final_norm"]["weight"]), good["weight"])
+  again.close()
+
+
+def test_corrupt_and_incompatible_checkpoints_raise(tmp_path, data):
+  cfg = _cfg("bf16", checkpoint_every=2, total_steps=8)
+  t = Trainer(cfg, data, tmp_path, progress=False)
+  t.train(num_steps=2)
+  t.close()
+  with pytest.raises(CheckpointError, match="already holds checkpoint step 2"):
+    Trainer(cfg, data, tmp_path, progress=False)
+  with pytest.raises(CheckpointError, match=r"different run:\n  train.peak_lr: checkpoint has 0.003"):
+    Trainer(_cfg("bf16", checkpoint_every=2, total_steps=8, peak_lr=1e-3), data, tmp_path, resume=True,
+            progress=False)
+  for f in (tmp_path / "checkpoints" / "2" / "state").rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "manifest" in f.name:
+      f.write_bytes(b"garbage")
+  with pytest.raises(CheckpointError, match="cannot restore the train state"):
+    Trainer(cfg, data, tmp_path, resume=True, progress=False)
+
+
+def test_bad_input_is_rejected_before_compute():
+  with pytest.raises(ValueError, match="not a multiple of 128"):
+    TrainConfig(model="tiny", arm="tetrajet_v2", batch_size=3, seq_len=100, total_steps=10)
+  TrainConfig(model="tiny", arm="bf16", batch_size=3, seq_len=100, total_steps=10)  # bf16 has no blocks
+  with pytest.raises(ValueError, match="valid arms: bf16, nvidia_nvfp4"):
+    parse_arms("bf16,fp4_magic")
+  with pytest.raises(ValueError, match="valid models: tiny, 20m, 70m"):
+    TrainConfig(model="7b", arm="bf16", batch_size=1, seq_len=128, total_steps=10)
+  with pytest.raises(ValueError, match="warmup_steps=10 must be in"):
+    TrainConfig(model="tiny", arm="bf16", batch_size=1, seq_len=128, total_steps=10, warmup_steps=10)
