@@ -47,11 +47,13 @@ class GemmConfig:
     max_concurrent_steps: TMA pipeline depth (K chunks in flight).
     epi_tile_m, epi_tile_n: epilogue sub-tile written through SMEM per TMA store.
     grid_tile_width: width of the planar snake over output tiles (L2 reuse).
+    out_slots: epilogue SMEM buffers per warpgroup (2 overlaps TMA stores).
   """
 
   tile_m: int = 128
-  tile_n: int = 128
+  tile_n: int = 64
   max_concurrent_steps: int = 2
+  out_slots: int = 2
   epi_tile_m: int = 64
   epi_tile_n: int = 64
   grid_tile_width: int = 8
@@ -63,6 +65,8 @@ class GemmConfig:
     if self.tile_m % self.epi_tile_m or self.tile_n % self.epi_tile_n:
       raise ValueError(f"GemmConfig: epilogue tile ({self.epi_tile_m}, {self.epi_tile_n}) must divide "
                        f"the warpgroup tile ({self.tile_m}, {self.tile_n}).")
+    if self.out_slots not in (1, 2):
+      raise ValueError(f"GemmConfig: out_slots={self.out_slots} must be 1 or 2.")
     if self.max_concurrent_steps < 1:
       raise ValueError(f"GemmConfig: max_concurrent_steps={self.max_concurrent_steps} must be >= 1.")
 
@@ -76,8 +80,10 @@ class GemmConfig:
 
   def smem_bytes(self, out_itemsize: int = 2) -> int:
     stage = (self.cta_tile_m + self.cta_tile_n) * CHUNK_K * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
-    out = 2 * 2 * self.epi_tile_m * self.epi_tile_n * out_itemsize
-    return self.max_concurrent_steps * stage + out
+    out = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_itemsize
+    # Measured on the H200 (run 1, notes/kernels.md): Mosaic allocates ~33 KiB
+    # more than the buffers above (pipeline/barrier/alignment scratch).
+    return self.max_concurrent_steps * stage + out + 34 * 1024
 
 
 DEFAULT_CONFIG = GemmConfig()
@@ -124,7 +130,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
   @functools.partial(
       pl.run_scoped,
       allocs=get_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, sa_gmem, sb_gmem),
-      out_smem=plgpu.SMEM((2, 2, epi_m, epi_n), out_dtype, transforms=_swizzled(out_dtype, epi_n)),
+      out_smem=plgpu.SMEM((2, cfg.out_slots, epi_m, epi_n), out_dtype, transforms=_swizzled(out_dtype, epi_n)),
       collective_axes="wg",
   )
   def _scope(allocs, out_smem):
@@ -145,10 +151,10 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for ei in range(tm // epi_m):
           for ej in range(tn // epi_n):
-            slot = (ei * (tn // epi_n) + ej) % 2
+            slot = (ei * (tn // epi_n) + ej) % cfg.out_slots
             e_m = slice(ei * epi_m, (ei + 1) * epi_m)
             e_n = slice(ej * epi_n, (ej + 1) * epi_n)
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            plgpu.wait_smem_to_gmem(cfg.out_slots - 1, wait_read_only=True)
             out_smem[wg, slot] = out[e_m, e_n]
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(
