@@ -6,7 +6,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m experiments.format_errors
+	$(PY) -m experiments.demo
 
 test: setup
 	$(PY) -m pytest -q -n 2 tests

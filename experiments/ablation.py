@@ -49,7 +49,7 @@ DEMO_SOURCES = ("sotu",)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
-        "model": "tiny", "arms": "bf16,tetrajet_v2_full", "steps": 250, "batch_size": 8, "seq_len": 128,
+        "model": "tiny", "arms": "bf16,tetrajet_v2_full", "steps": 200, "batch_size": 8, "seq_len": 128,
         "data": "demo", "eval_every": 50, "eval_batches": 4, "final_eval_batches": 16,
         "downstream": "arc_easy,piqa,hellaswag", "downstream_limit": 100, "checkpoint_every": 100,
         "keep_checkpoints": 1,
