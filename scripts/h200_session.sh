@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call on the H200 that checks and times everything that needs the
+# GPU, in priority order, each stage under its own time limit:
+#   1. GPU test suite: numerics (incl. the jit cast-elision check), Pallas
+#      kernels (GPU-marked tests at real shapes), linear layer;
+#   2. linear fwd+bwd per recipe vs bf16 (experiments.bench_linear);
+#   3. Pallas kernel benchmark (pallas_kernels.bench);
+#   4. 20m training throughput per arm (experiments.ablation, XLA path).
+# Run from the repo root through the device tool, carrying .bundle and .whl:
+#   bash scripts/h200_session.sh            (writes logs/JSON under $OUT)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+OUT="${OUT:-results/h200}"
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
+export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+
+# Packages the GPU image lacks travel as wheels (.bundle/wheels: grain and
+# its deps; .whl: test and logging deps; .whl/mpl: plotting, if missing).
+wheels=(.bundle/wheels/*.whl .whl/*.whl)
+python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
+export PYTHONPATH="$PWD:/tmp/site"
+nvidia-smi -L | tee -a "$LOG"
+python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$LOG"
+
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)" | tee -a "$LOG"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$OUT/$name.log" >>"$LOG"
+  echo "=== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
+}
+
+stage tests "${T_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 4 \
+  tests/test_numerics.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py tests/test_linear.py
+stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
+  --out "$OUT/bench_linear.json"
+stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json"
+stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
+  --arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full --steps 40 --batch-size 32 --seq-len 1024 \
+  --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
+  --keep-checkpoints 0 --no-progress --no-compile-cache
+cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
+echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20
+for f in "$OUT"/bench_linear.log "$OUT"/throughput_results.md; do [ -f "$f" ] && tail -n 25 "$f"; done
