@@ -73,13 +73,22 @@ def _dot_nt(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
 
 
 @functools.cache
-def _pallas_gemm():
-  """The Pallas NVFP4 GEMM module, or None where it is not importable."""
+def _pallas_kernels():
+  """The pallas_kernels package, or None where it is not importable (no Mosaic GPU)."""
   try:
-    import pallas_kernels  # noqa: PLC0415 (optional layer above XLA)
+    import pallas_kernels  # noqa: PLC0415 (optional: only gemm="pallas" needs it)
   except ImportError:
     return None
-  return pallas_kernels if hasattr(pallas_kernels, "nvfp4_gemm") else None
+  return pallas_kernels
+
+
+def pallas_rtn_quantize(x: jax.Array) -> NVFP4Tensor | None:
+  """The fused Pallas RTN quantizer along x's last axis where it runs (Hopper,
+  supported shape), bitwise equal to quantize_nvfp4(x, axis=-1); else None."""
+  kernels = _pallas_kernels()
+  if kernels is None or not kernels.can_use_pallas_quantizer(x.shape, x.dtype):
+    return None
+  return kernels.quantize_nvfp4_rtn(x)
 
 
 def gemm_nt(a: Operand, b: Operand, *, mode: GemmMode = "fast", out_dtype=jnp.bfloat16) -> jax.Array:
@@ -88,7 +97,7 @@ def gemm_nt(a: Operand, b: Operand, *, mode: GemmMode = "fast", out_dtype=jnp.bf
   k = max(_padded_k(a), _padded_k(b))
   both_fp4 = isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)
   if mode == "pallas" and both_fp4:
-    kernels = _pallas_gemm()
+    kernels = _pallas_kernels()
     if kernels is not None and kernels.can_use_nvfp4_gemm(a, b):
       return kernels.nvfp4_gemm(a, b, out_dtype=out_dtype)
   if mode == "exact":

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tetrajet_jax.linear import recipes as recipes_lib
-from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode, gemm_nt
+from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode, gemm_nt, pallas_rtn_quantize
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
@@ -59,12 +59,17 @@ def _split_keys(key: jax.Array, recipe: Recipe) -> _Keys:
   return _Keys(ks[0], ks[1], tuple(ks[2:]))
 
 
-def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int,
-              weight: bool = False) -> NVFP4Tensor | jax.Array:
+def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, weight: bool = False,
+              gemm: GemmMode = "fast") -> NVFP4Tensor | jax.Array:
   """Applies quantizer Q(i) along `axis`; a disabled quantizer returns x (float32)."""
   cfg = recipe.quantizers[i - 1]
   if not cfg.enabled:
     return jnp.moveaxis(x.astype(jnp.float32), axis, -1)  # same canonical layout
+  block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
+  if gemm == "pallas" and cfg.rounding == "nearest" and block_1d and x.ndim == 2:
+    fused = pallas_rtn_quantize(x if axis in (-1, 1) else x.T)
+    if fused is not None:
+      return fused  # bitwise equal to quantize_nvfp4(x, axis=axis) in canonical layout
   return quantize_nvfp4(
       x, axis=axis, rounding=cfg.rounding, key=keys.q[i - 1] if cfg.rounding == "stochastic" else None,
       scaling=recipe.scaling, block_2d=weight and recipe.weight_block_2d)
@@ -106,8 +111,8 @@ def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
     rest = _complement(outlier_idx, k)
     x_fp4, w_fp4 = x[:, rest], kernel[rest]
     x_out = quantize_mxfp8(x[:, outlier_idx], axis=-1)
-  xq = _quantize(x_fp4, 1, recipe, keys, axis=-1)  # [M, K'] along K
-  wq = _quantize(w_fp4, 2, recipe, keys, axis=0, weight=True)  # [N, K'] along K
+  xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, gemm=gemm)  # [M, K'] along K
+  wq = _quantize(w_fp4, 2, recipe, keys, axis=0, weight=True, gemm=gemm)  # [N, K'] along K
   y = gemm_nt(xq, wq, mode=gemm, out_dtype=jnp.float32)
   if x_out is not None:
     w_out = quantize_mxfp8(kernel[outlier_idx], axis=0)  # [N, n_out] along K
