@@ -1,4 +1,4 @@
-"""Pallas (Mosaic GPU, Hopper sm_90) kernels for NVFP4: fused RTN quantizer and exact GEMM.
+"""Pallas (Mosaic GPU, Hopper sm_90) kernels for NVFP4: fused RTN and backward (RHT-16 + SR) quantizers, exact GEMM.
 
 Each op sits beside its pure-JAX reference and a `can_use_*` check; callers
 fall back to tetrajet_jax.numerics (XLA) where the check says no.
@@ -8,5 +8,7 @@ from pallas_kernels._platform import hopper_available
 from pallas_kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                                        nvfp4_gemm,
                                        nvfp4_gemm_reference)
+from pallas_kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr,
+                                                    quantize_nvfp4_rht_sr_reference)
 from pallas_kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)

@@ -1,0 +1,375 @@
+"""Fused backward NVFP4 quantizer: RHT-16, double-block scales, stochastic rounding.
+
+Computes, in one read of the input, the operands Q3..Q6 of the TetraJet-v2
+backward (spec section 2): y = (1/4) H16 diag(signs) x on every 16-chunk along
+the quantized axis, then the double-block scales of y exactly as
+`tetrajet_jax.numerics.quantize_nvfp4` computes them (spec section 1, same
+formulas and divisions as `nvfp4_quantize.py`), then unbiased stochastic
+rounding with the kernel's own counter-based random bits.
+
+Axis: `axis=-1` quantizes along the last axis (dY along N, W_hat^T along N);
+`axis=0` quantizes along the first axis (dY^T and X_hat^T along tokens M) and
+writes the canonical layout of the transposed array, [cols, rows/2] codes, with
+no transposed copy in HBM: the transposition happens inside wgmma, which reads
+its A operand MN-major from shared memory.
+
+The transform runs on the tensor cores. One 128-wide block of a row is
+multiplied by the constant [128, 128] matrix blockdiag((1/4) H16 D)^T, whose
+entries (+-1/4, 0) are exact in bf16, with FP32 accumulation. bf16 inputs are
+exact bf16 wgmma operands; float32 inputs are split into three bf16 parts by
+bit masks, x = hi + mid + lo exactly (8 + 8 + 8 significand bits; no rounding
+anywhere in the split), and three wgmmas accumulate into one FP32 accumulator.
+So every product is exact and only the FP32 accumulation rounds: the result
+equals the butterfly of `random_hadamard_16` up to FP32 accumulation order
+(a few ulps of the chunk's magnitude; bitwise wherever the sums are exact).
+The matrix's output columns are permuted (even elements first, then odd), so
+the two elements of a packed byte land in the same thread at the same register
+position and are packed without shuffles.
+
+Random bits (documented generator, counter-based, stateless): for canonical
+element (row r, column k) of the output,
+  row_key = fmix32(fmix32(seed ^ 0x9E3779B9) + fmix32(r ^ 0x7F4A7C15))   (XLA, one per row)
+  h       = fmix32(fmix32(row_key ^ (k * 0x9E3779B9)) + row_key)          (in the kernel)
+  u       = float(h >> 9) * 2^-23                                          in [0, 1)
+with fmix32 MurmurHash3's finalizer (xor-shift-multiply, a bijection of
+uint32). For a fixed row the map k -> h is a bijection, so no two elements of
+a row share bits; rows differ through row_key. The element rounds up iff
+u < p_up, p_up = (|v| - lo) / (hi - lo), so P(up) = ceil(p_up 2^23) / 2^23:
+the bias is below 2^-23 of the grid gap.
+
+Scale layout and NaN/Inf: as the RTN kernel (a block holding NaN/Inf gets NaN
+scales and zero codes, like the reference; note the dense 128-wide transform
+spreads a non-finite input over its whole 128-block, which the reference
+marks NaN anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.experimental.pallas as pl
+import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels import _platform
+from pallas_kernels.nvfp4_quantize import _F32_MAX, INNER, OUTER, _div_const, _e4m3_rne_satfinite, _index_magnitude
+from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.numerics.checks import pad_axis_to_multiple
+
+_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
+_GOLDEN = 0x9E3779B9
+
+
+def _u32(v: int):
+  return jnp.uint32(v & 0xFFFFFFFF)
+
+
+def fmix32(h):
+  """MurmurHash3's 32-bit finalizer (a bijection of uint32), in uint32 arithmetic."""
+  h = h ^ (h >> 16)
+  h = h * _u32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * _u32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def row_keys(seed: jax.Array, rows: int) -> jax.Array:
+  """uint32 [rows]: the per-row key of the generator (module docstring)."""
+  seed = jnp.asarray(seed).astype(jnp.uint32)
+  r = jnp.arange(rows, dtype=jnp.uint32)
+  return fmix32(fmix32(seed ^ _u32(_GOLDEN)) + fmix32(r ^ _u32(0x7F4A7C15)))
+
+
+def element_uniform(row_key, col):
+  """u in [0, 1) (multiples of 2^-23) of element (row, col); uint32 inputs."""
+  h = fmix32(fmix32(row_key ^ (col * _u32(_GOLDEN))) + row_key)
+  return lax.bitcast_convert_type((h >> 9) | _u32(0x3F800000), jnp.float32) - 1.0
+
+
+def transform_matrix(signs_16: jax.Array) -> jax.Array:
+  """bf16 [128, 128] B^T: row j = transform row perm[j] of blockdiag((1/4) H16 D) (exact in bf16).
+
+  perm lists the even outputs 0, 2, ..., 126, then the odd ones 1, 3, ..., 127.
+  """
+  h = np.array([[1.0]])
+  while h.shape[0] < INNER:
+    h = np.block([[h, h], [h, -h]])
+  t = 0.25 * jnp.asarray(h, jnp.float32) * jnp.asarray(signs_16, jnp.float32)[None, :]  # (1/4) H D
+  blk = jnp.kron(jnp.eye(OUTER // INNER, dtype=jnp.float32), t)  # [128 out, 128 in]
+  perm = np.concatenate([np.arange(0, OUTER, 2), np.arange(1, OUTER, 2)])
+  return blk[perm].astype(jnp.bfloat16)
+
+
+def _split3(xf):
+  """x = hi + mid + lo exactly, each part exact in bf16 (truncation by bit masks)."""
+  mask = jnp.uint32(0xFFFF0000)
+  trunc = lambda v: lax.bitcast_convert_type(lax.bitcast_convert_type(v, jnp.uint32) & mask, jnp.float32)
+  hi = trunc(xf)
+  r1 = xf - hi
+  mid = trunc(r1)
+  lo = r1 - mid
+  return hi, mid, lo
+
+
+def _sr_index(a, u):
+  """E2M1 magnitude index of a = |v| by stochastic rounding with uniform u (NaN -> 0)."""
+  a = jnp.minimum(a, 6.0)
+  lo_idx = jnp.zeros(a.shape, jnp.int32)
+  for g in _GRID:
+    lo_idx = lo_idx + jnp.where(a >= g, 1, 0)
+  lo = _index_magnitude(lo_idx)
+  inv_gap = jnp.where(lo_idx >= 6, 0.5, jnp.where(lo_idx >= 4, 1.0, 2.0))  # 1 / (hi - lo), exact
+  p_up = (a - lo) * inv_gap  # exact: a - lo is exact (Sterbenz), times a power of two
+  return jnp.minimum(lo_idx + jnp.where(u < p_up, 1, 0), 7)
+
+
+def _swizzled(dtype, minor: int):
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor * bits)
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+
+
+def _quantize_tile(evens, odds, key_rows, col0, interpret: bool):
+  """Scales + SR of one [bm, 128] block per row.
+
+  Args:
+    evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
+      16c + 2i and 16c + 2i + 1.
+    key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
+
+  Returns:
+    (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
+    likewise float32 q * s_in, s_in[c] float32 [bm], s_out float32 [bm].
+  """
+  amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
+  amax = amax_in[0]
+  for a in amax_in[1:]:
+    amax = jnp.maximum(amax, a)
+  s_out = _div_const(_div_const(amax, 448.0, interpret), 6.0, interpret)
+  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
+  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
+  bm = evens[0].shape[0]
+  i2 = lax.broadcasted_iota(jnp.int32, (bm, 8), 1) * 2
+  keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
+  codes, qss, s_ins = [], [], []
+  for c, (ev, od, am) in enumerate(zip(evens, odds, amax_in)):
+    s_in = _e4m3_rne_satfinite(_div_const(am / s_out, 6.0, interpret))
+    s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
+    s = lax.broadcast_in_dim(s_in * s_out, (bm, 8), [0])
+    s_in_b = lax.broadcast_in_dim(s_in, (bm, 8), [0])
+    cs, qs = [], []
+    for parity, x in ((0, ev), (1, od)):
+      v = x / s
+      col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
+      idx = _sr_index(jnp.abs(v), element_uniform(keys, col))
+      neg = (v < 0.0) & (idx > 0)
+      cs.append(jnp.where(neg, idx | 8, idx))
+      mag = _index_magnitude(idx) * s_in_b
+      qs.append(jnp.where(neg, -mag, mag))
+    codes.append(cs)
+    qss.append(qs)
+    s_ins.append(s_in)
+  return codes, qss, s_ins, s_out
+
+
+def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
+                          block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
+                          emit_transformed: bool = False, interpret: bool = False):
+  """RHT-16 + double-block scales + stochastic rounding of a 2-D array, one pass.
+
+  Args:
+    x: bf16 or f32 [R, C]. axis=-1: R % block == 0, C % 128 == 0. axis=0:
+      C % block == 0; R is zero-padded to a multiple of 128 (a copy only when
+      R % 128 != 0), as the linear layer pads tokens.
+    signs_16: the 16 RHT signs (+-1), e.g. `hadamard_signs(key)`.
+    seed: integer scalar (uint32 range) selecting the SR random bits.
+    axis: -1/1 (quantize along columns) or 0 (along rows; output is the
+      canonical layout of x^T).
+    block: canonical output rows per CTA (multiple of 64).
+    max_concurrent_steps: TMA pipeline depth along the quantized axis.
+    emit_operand: also return the exact bf16 operand q * s_in [rows, Kp].
+    emit_transformed: also return the transformed values y (f32, canonical
+      [rows, Kp]) the scales were computed from (for tests and debugging).
+    interpret: run on the CPU in Mosaic GPU's interpreter.
+
+  Returns:
+    NVFP4Tensor with the structure of `quantize_nvfp4(random_hadamard_16(x,
+    key, axis=axis), axis=axis, rounding="stochastic", key=...)`: same scales
+    given the same transformed values, codes from the kernel's own random
+    bits. Then (if asked) the bf16 operand, then y.
+  """
+  name = "quantize_nvfp4_rht_sr"
+  x = jnp.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f"{name}: expected a 2-D array, got shape {x.shape}; reshape leading axes into rows.")
+  if axis not in (-1, 0, 1):
+    raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
+  axis = axis % 2
+  if x.dtype not in (jnp.bfloat16, jnp.float32):
+    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
+  if block % 64 or block <= 0:
+    raise ValueError(f"{name}: block={block} must be a positive multiple of 64 (wgmma M granularity).")
+  if jnp.shape(signs_16) != (INNER,):
+    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
+                     "use tetrajet_jax.numerics.hadamard_signs(key).")
+  if jnp.ndim(seed) != 0:
+    raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
+  shape = tuple(x.shape)
+  if axis == 1:
+    r, k = shape
+    if r % block or k % OUTER:
+      raise ValueError(f"{name}: shape {shape} with axis=-1 needs rows % {block} == 0 and cols % {OUTER} == 0; "
+                       "pad (zeros change no scale) or use the XLA path (can_use_pallas_backward_quantizer).")
+  else:
+    if shape[1] % block:
+      raise ValueError(f"{name}: shape {shape} with axis=0 needs cols % {block} == 0; "
+                       "pad or use the XLA path (can_use_pallas_backward_quantizer).")
+    x = pad_axis_to_multiple(x, 0, OUTER)
+    k, r = x.shape  # canonical: r = output rows (x's columns), k = quantized length
+  kb = k // OUTER
+  dtype = x.dtype
+  f32_in = dtype == jnp.float32
+  bt = transform_matrix(signs_16)
+  keys = row_keys(seed, r).reshape(1, r)
+
+  out_shape = [
+      jax.ShapeDtypeStruct((r, k // 2), jnp.uint8),
+      jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
+      jax.ShapeDtypeStruct((kb, r), jnp.float32),  # s_out^T
+  ]
+  out_blocks = [(block, OUTER // 2), (OUTER // INNER, block), (1, block)]
+  if emit_operand:
+    out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32))
+    out_blocks.append((block, OUTER // 2))
+  n_out = len(out_shape)
+  if emit_transformed:  # copied straight from y_smem (one slot: debug output, keeps SMEM in budget)
+    out_shape.append(jax.ShapeDtypeStruct((r, k), jnp.float32))
+  # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
+  in_block = (block, OUTER) if axis == 1 else (OUTER, block)
+  x_transforms = () if f32_in else _swizzled(jnp.bfloat16, in_block[1])
+
+  def kernel(x_gmem, bt_gmem, keys_gmem, *refs):
+    outs_gmem = refs[:n_out]
+    y_gmem = refs[n_out] if emit_transformed else None
+    refs = refs[n_out + int(emit_transformed):]
+    outs_smem = refs[:n_out]
+    bt_smem, keys_smem, split_smem, y_smem, bar_bt, bar_keys = refs[n_out:]
+    rows = pl.ds(lax.axis_index("rows") * block, block)
+    plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
+    plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
+    plgpu.barrier_wait(bar_bt)
+    plgpu.barrier_wait(bar_keys)
+    b_op = bt_smem.transpose((1, 0))  # [K=128 in, N=128 out]
+    key_rows = plgpu.load(keys_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # uint32 [block]
+
+    def step(idx, x_smem):
+      (j,) = idx
+      slot = lax.rem(j, 2)
+
+      def a_op(ref):
+        return ref if axis == 1 else ref.transpose((1, 0))
+
+      def mma(acc_ref):
+        if f32_in:
+          xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
+          for part in _split3(xf):
+            split_smem[...] = part.astype(jnp.bfloat16)
+            plgpu.commit_smem()
+            plgpu.wgmma(acc_ref, a_op(split_smem), b_op)
+            plgpu.wgmma_wait(0)  # split_smem is rewritten next
+        else:
+          plgpu.wgmma(acc_ref, a_op(x_smem), b_op)
+        return acc_ref[...]
+
+      y = pl.run_scoped(mma, plgpu.ACC((block, OUTER), jnp.float32))
+      # The quantizer reads y back in [block, 8] slices (the RTN kernel's load pattern).
+      if emit_transformed:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous step's copy of y_smem is done
+      y_smem[...] = y
+      plgpu.commit_smem()
+      half = OUTER // 2
+      evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
+      odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
+      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret)
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
+      codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
+      s_out_s[0, :] = s_out
+      for c in range(OUTER // INNER):
+        s_in_s[c, :] = s_ins[c]
+        sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
+        ce, co = codes[c]
+        codes_s[sub] = (ce | (co << 4)).astype(jnp.uint8)
+        if emit_operand:
+          qe, qo = qss[c]
+          lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
+          hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
+          outs_smem[3].at[slot][sub] = lo | hi
+      plgpu.commit_smem()
+      dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
+              outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
+              outs_gmem[2].at[pl.ds(j, 1), rows]]
+      if emit_operand:
+        dsts.append(outs_gmem[3].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)])
+      for src, dst in zip(outs_smem, dsts):
+        plgpu.copy_smem_to_gmem(src.at[slot], dst)
+      if emit_transformed:
+        plgpu.copy_smem_to_gmem(y_smem, y_gmem.at[rows, pl.ds(j * OUTER, OUTER)])
+
+    if axis == 1:
+      spec = plgpu.BlockSpec(in_block, lambda j: (0, j), transforms=x_transforms)
+      src = x_gmem.at[rows]
+    else:
+      spec = plgpu.BlockSpec(in_block, lambda j: (j, 0), transforms=x_transforms)
+      src = x_gmem.at[:, rows]
+    plgpu.emit_pipeline(step, grid=(kb,), in_specs=[spec], max_concurrent_steps=max_concurrent_steps)(src)
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
+  scratch += [
+      plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)),
+      plgpu.SMEM((1, block), jnp.uint32),
+      plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])),
+      plgpu.SMEM((block, OUTER), jnp.float32),
+      plgpu.Barrier(),
+      plgpu.Barrier(),
+  ]
+  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block,), grid_names=("rows",),
+                      scratch_types=scratch)
+  with _platform.interpret_context(interpret):
+    outs = call(x, bt, keys)
+  codes, s_in_t, s_out_t = outs[:3]
+  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
+                  shape=shape, axis=axis, scaling="block", block_2d=False)
+  extra = []
+  if emit_operand:
+    extra.append(lax.bitcast_convert_type(outs[3], jnp.bfloat16).reshape(r, k))
+  if emit_transformed:
+    y = outs[n_out].reshape(r, kb, 2, OUTER // 2)  # [.., even/odd, i] -> element 2i + parity
+    extra.append(jnp.swapaxes(y, 2, 3).reshape(r, k))
+  return (t, *extra) if extra else t
+
+
+def can_use_pallas_backward_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block: int = 64) -> bool:
+  """True when quantize_nvfp4_rht_sr runs here (Hopper GPU) for this 2-D shape, dtype and axis."""
+  if not (_platform.hopper_available() and len(shape) == 2 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32)):
+    return False
+  if axis in (-1, 1):
+    return shape[0] % block == 0 and shape[1] % OUTER == 0 and shape[1] > 0 and shape[0] > 0
+  if axis == 0:
+    return shape[1] % block == 0 and shape[1] > 0 and shape[0] > 0
+  return False
+
+
+def quantize_nvfp4_rht_sr_reference(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
+                                    axis: int = -1) -> NVFP4Tensor:
+  """The XLA path the kernel replaces (RHT with hadamard_signs(rht_key), SR with jax.random)."""
+  if axis == 0:
+    x = pad_axis_to_multiple(jnp.asarray(x), 0, OUTER)
+  return quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis), axis=axis, rounding="stochastic", key=sr_key)
+
+
+__all__ = ["quantize_nvfp4_rht_sr", "can_use_pallas_backward_quantizer", "quantize_nvfp4_rht_sr_reference",
+           "transform_matrix", "row_keys", "element_uniform", "fmix32", "hadamard_signs"]
