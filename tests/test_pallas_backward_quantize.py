@@ -1,0 +1,249 @@
+"""Pallas backward quantizer (RHT-16 + double-block scales + SR) vs the XLA numerics.
+
+CI runs the kernel in Mosaic GPU's CPU interpreter at small shapes, and lowers
+it for CUDA (Mosaic GPU's layout inference and SMEM budget run on the CPU), so
+a kernel that cannot compile for the H200 fails here too. The `gpu`-marked
+tests run the compiled kernel on the H200 at real shapes.
+
+What is exact and what is not: the kernel's transform y = (1/4) H16 D x
+(tensor cores, exact products, FP32 accumulation) equals random_hadamard_16's
+butterfly up to FP32 accumulation order, so y is checked within a few ulps;
+the scales are then checked bitwise against quantize_nvfp4 applied to the
+kernel's own y, and every code against the two E2M1 neighbours of y / s.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr
+from pallas_kernels.nvfp4_quantize_backward import element_uniform, row_keys, transform_matrix
+from tests import numpy_reference as ref
+from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
+                                   random_hadamard_16, unpack_e2m1)
+
+GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def hard_input(rng, shape, dtype, nonfinite=False):
+  """Wide dynamic range, zero blocks, tiny sub-blocks (rows are the quantized lines)."""
+  x = rng.standard_normal(shape) * np.exp(1.5 * rng.standard_normal(shape))
+  x[0, :128] = 0.0  # all-zero block: s_out = 1
+  x[1, :16] = 1e-30  # tiny chunk next to a large one: s_in rounds to 0 -> 2^-9
+  x[1, 16] = 1e4
+  if nonfinite:
+    x[3, 5] = np.nan
+    x[4, 200] = np.inf
+  return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
+def _codes(t):
+  return np.asarray(unpack_e2m1(t.codes))
+
+
+def check_tensor(t, y, x_lines, key, *, qs=None):
+  """All contracts for one kernel output on canonical lines x_lines [rows, Kp] (rows quantized along -1)."""
+  y = np.asarray(y)
+  # 1. The transform: random_hadamard_16 up to FP32 accumulation order.
+  yr = np.asarray(random_hadamard_16(x_lines.astype(jnp.float32), key, axis=-1))
+  # A non-finite input poisons its 128-block (0 * inf in the dense transform); the
+  # quantizer marks that whole block NaN anyway (checked in 2).
+  finite = np.isfinite(yr) & np.isfinite(y)
+  blk_bad = ~np.isfinite(yr).reshape(yr.shape[0], -1, 128).all(-1)
+  assert np.array_equal(~np.isfinite(y).reshape(y.shape[0], -1, 128).all(-1), blk_bad)
+  chunk_max = np.abs(np.where(finite, yr, 0)).reshape(yr.shape[0], -1, 16).max(-1, keepdims=True)
+  tol = np.broadcast_to(chunk_max * 2.0**-20, (yr.shape[0], yr.shape[1] // 16, 16)).reshape(yr.shape)
+  assert np.all(np.abs(np.where(finite, y - yr, 0)) <= tol), "RHT differs from random_hadamard_16"
+  # 2. Scales: bitwise those of the XLA quantizer on the kernel's own transformed values.
+  r = quantize_nvfp4(jnp.asarray(y), axis=-1)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), np.asarray(r.scale_outer))
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), np.asarray(r.scale_inner, np.float32))
+  # 3. Codes: one of the two E2M1 neighbours of v = y / s (the exact grid value when v is on the grid).
+  s = np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1)
+  with np.errstate(invalid="ignore"):
+    v = (y / s).astype(np.float32)
+  ok_block = np.isfinite(s)
+  q = np.asarray(decode_e2m1(unpack_e2m1(t.codes)))
+  a = np.minimum(np.abs(np.where(ok_block, v, 0)), 6.0)
+  lo_i = np.searchsorted(GRID, a, side="right") - 1
+  lo, hi = GRID[lo_i], GRID[np.minimum(lo_i + 1, 7)]
+  mag = np.abs(q)
+  on_grid = a == lo
+  assert np.all(np.where(ok_block & on_grid, mag == lo, True)), "a grid value was not kept"
+  assert np.all(np.where(ok_block, (mag == lo) | (mag == hi), True)), "SR picked a non-neighbour"
+  assert np.all(np.where(ok_block & (mag > 0), np.sign(q) == np.sign(v), True)), "wrong sign"
+  assert np.all(_codes(t)[~ok_block] == 0), "a NaN block must hold zero codes"
+  if qs is not None:
+    np.testing.assert_array_equal(np.asarray(qs).view(np.uint16), np.asarray(nvfp4_bf16_operand(t)[0]).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_backward_quantizer_interpret(rng, key, dtype):
+  """axis=-1 on [64, 256] and axis=0 on its transpose: all contracts, and both give the same tensor."""
+  xl = hard_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
+  signs = hadamard_signs(key)
+  seed = jnp.uint32(12345)
+  t, qs, y = quantize_nvfp4_rht_sr(xl, signs, seed, axis=-1, emit_operand=True, emit_transformed=True,
+                                   interpret=True)
+  check_tensor(t, y, xl, key, qs=qs)
+  r = quantize_nvfp4(random_hadamard_16(xl, key, axis=-1), axis=-1, rounding="stochastic", key=key)
+  assert (t.shape, t.axis, t.scaling, t.block_2d) == (r.shape, r.axis, r.scaling, r.block_2d)
+  assert (t.codes.shape, t.codes.dtype, t.scale_inner.shape, t.scale_inner.dtype, t.scale_outer.shape) == (
+      r.codes.shape, r.codes.dtype, r.scale_inner.shape, r.scale_inner.dtype, r.scale_outer.shape)
+
+  x0 = xl.T  # [256, 64]: axis=0 quantizes its columns, canonical = xl's layout
+  t0, y0 = quantize_nvfp4_rht_sr(x0, signs, seed, axis=0, emit_transformed=True, interpret=True)
+  r0 = quantize_nvfp4(random_hadamard_16(x0, key, axis=0), axis=0, rounding="stochastic", key=key)
+  assert (t0.shape, t0.axis, t0.codes.shape, t0.scale_inner.shape, t0.scale_outer.shape) == (
+      r0.shape, r0.axis, r0.codes.shape, r0.scale_inner.shape, r0.scale_outer.shape)
+  np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))
+  np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
+  np.testing.assert_array_equal(np.asarray(t0.scale_inner, np.float32), np.asarray(t.scale_inner, np.float32))
+  np.testing.assert_array_equal(np.asarray(t0.scale_outer), np.asarray(t.scale_outer))
+
+
+def test_axis0_pads_tokens_interpret(rng, key):
+  """Tokens not a multiple of 128 are zero-padded, as the linear layer pads them."""
+  x = hard_input(rng, (200, 64), jnp.bfloat16)
+  t, y = quantize_nvfp4_rht_sr(x, hadamard_signs(key), jnp.uint32(3), axis=0, emit_transformed=True,
+                               interpret=True)
+  xp = jnp.pad(x, ((0, 56), (0, 0)))
+  check_tensor(t, y, xp.T, key)
+  assert t.shape == (200, 64) and t.codes.shape == (64, 128)
+
+
+def test_sr_unbiased_and_seeded_interpret(rng, key):
+  """E[q s] = y by a z-test over 2048 draws (identical rows: each row draws its own bits).
+
+  All rows hold the same 128 values, so y and the scales are the same in every
+  row while the random bits differ (row keys). For each of the 128 values the
+  mean of 2048 draws is tested at |z| < 4.5: family-wise false-alarm rate below
+  128 * 6.8e-6 = 8.7e-4. Then: another seed changes the codes, not the scales;
+  the same seed reproduces them bitwise.
+  """
+  n = 2048
+  row = rng.standard_normal(128).astype(np.float32) * 3.0
+  x = jnp.asarray(np.tile(row, (n, 1)))
+  signs = hadamard_signs(key)
+  f = jax.jit(lambda x, s: quantize_nvfp4_rht_sr(x, signs, s, axis=-1, emit_transformed=True, interpret=True))
+  t, y = f(x, jnp.uint32(1))
+  y = np.asarray(y)
+  assert np.all(y == y[:1])
+  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
+  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
+  q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
+  lo_i = np.searchsorted(GRID, v, side="right") - 1
+  gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
+  p = (v - GRID[lo_i]) / np.where(gap > 0, gap, 1)
+  std = gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n)
+  z = (q.mean(0) - v) / np.maximum(std, 1e-12)
+  assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
+  assert len(np.unique(q, axis=0)) > 100, "rows did not draw independent bits"
+
+  t2, _ = f(x, jnp.uint32(2))
+  np.testing.assert_array_equal(np.asarray(t2.scale_outer), np.asarray(t.scale_outer))
+  assert np.mean(np.asarray(t2.codes) != np.asarray(t.codes)) > 0.1, "the seed does not change the bits"
+  t3, _ = f(x, jnp.uint32(1))
+  np.testing.assert_array_equal(np.asarray(t3.codes), np.asarray(t.codes))
+
+
+def test_generator_uniform():
+  """The counter-based uniforms: in [0, 1), 23-bit grid, flat (chi-square over 64 bins), distinct per row."""
+  keys = row_keys(jnp.uint32(7), 512)
+  cols = jnp.arange(512, dtype=jnp.uint32)
+  u = np.asarray(jax.jit(element_uniform)(keys[:, None], cols[None, :]), np.float64)
+  assert u.min() >= 0.0 and u.max() < 1.0
+  assert np.all(u * 2**23 == np.floor(u * 2**23))
+  counts = np.histogram(u, bins=64, range=(0, 1))[0]
+  expected = u.size / 64
+  chi2 = ((counts - expected) ** 2 / expected).sum()
+  assert chi2 < 140, f"chi2={chi2:.1f} (63 dof; P(chi2 > 140) < 1e-7)"
+  assert len(np.unique(u)) > 0.98 * u.size  # 2^18 draws of 2^23 values: ~1.6% birthday repeats
+  assert not np.array_equal(np.asarray(row_keys(jnp.uint32(7), 8)), np.asarray(row_keys(jnp.uint32(8), 8)))
+
+
+def test_transform_matrix_is_the_rht(key):
+  """B^T rows are (1/4) H16 D rows (even outputs first), exactly, and match random_hadamard_16."""
+  d = hadamard_signs(key)
+  bt = np.asarray(transform_matrix(d), np.float32)
+  t16 = 0.25 * ref.sylvester_hadamard(16) @ np.diag(np.asarray(d))
+  full = np.kron(np.eye(8), t16)
+  perm = np.concatenate([np.arange(0, 128, 2), np.arange(1, 128, 2)])
+  np.testing.assert_array_equal(bt, full[perm])
+  x = np.random.default_rng(0).standard_normal((4, 128)).astype(np.float32)
+  np.testing.assert_allclose((x @ bt.T)[:, np.argsort(perm)], np.asarray(random_hadamard_16(x, key)), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,axis", [(jnp.float32, -1), (jnp.bfloat16, 0)])
+def test_lowers_for_hopper(dtype, axis):
+  """Mosaic GPU lowering for CUDA (layout inference, SMEM budget) succeeds on the CPU."""
+  shape = (256, 512) if axis == -1 else (512, 128)
+  f = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True))
+  f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
+
+
+def test_rejects_bad_arguments():
+  s, z = jnp.ones((16,)), jnp.uint32(0)
+  with pytest.raises(ValueError, match="cols % 128"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 100)), s, z, axis=-1)
+  with pytest.raises(ValueError, match="rows % 64"):
+    quantize_nvfp4_rht_sr(jnp.zeros((32, 128)), s, z, axis=-1)
+  with pytest.raises(ValueError, match="cols % 64"):
+    quantize_nvfp4_rht_sr(jnp.zeros((128, 32)), s, z, axis=0)
+  with pytest.raises(ValueError, match="2-D"):
+    quantize_nvfp4_rht_sr(jnp.zeros((2, 64, 128)), s, z)
+  with pytest.raises(ValueError, match="dtype"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 128), jnp.float16), s, z)
+  with pytest.raises(ValueError, match="signs_16"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), jnp.ones((8,)), z)
+  with pytest.raises(ValueError, match="axis"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, axis=2)
+  with pytest.raises(ValueError, match="block"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, block=32)
+
+
+def test_can_use_backward_quantizer():
+  if jax.default_backend() != "gpu":
+    assert not can_use_pallas_backward_quantizer((1024, 1024), jnp.bfloat16)
+  assert not can_use_pallas_backward_quantizer((1024, 100), jnp.bfloat16, axis=-1)
+  assert not can_use_pallas_backward_quantizer((1024, 100), jnp.bfloat16, axis=0)
+  assert not can_use_pallas_backward_quantizer((1024, 128), jnp.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape", [(jnp.bfloat16, (16384, 4096)), (jnp.float32, (4096, 4096)),
+                                         (jnp.float32, (16384, 1024))])
+def test_backward_quantizer_gpu(rng, key, dtype, shape):
+  xl = hard_input(rng, shape, dtype, nonfinite=True)
+  signs = hadamard_signs(key)
+  seed = jnp.uint32(99)
+  f = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=-1, emit_operand=True, emit_transformed=True))
+  t, qs, y = f(xl)
+  check_tensor(t, y, xl, key, qs=qs)
+  f0 = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=0, emit_transformed=True))
+  t0, y0 = f0(xl.T)
+  np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))
+  np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
+  assert can_use_pallas_backward_quantizer(shape, dtype, axis=-1)
+  assert can_use_pallas_backward_quantizer(shape[::-1], dtype, axis=0)
+
+
+@pytest.mark.gpu
+def test_sr_unbiased_gpu(rng, key):
+  n = 65536
+  row = rng.standard_normal(128).astype(np.float32) * 3.0
+  x = jnp.asarray(np.tile(row, (n, 1)))
+  t, y = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, hadamard_signs(key), jnp.uint32(5), emit_transformed=True))(x)
+  y = np.asarray(y)
+  assert np.all(y == y[:1])
+  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
+  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
+  q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
+  lo_i = np.searchsorted(GRID, v, side="right") - 1
+  gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
+  p = (v - GRID[lo_i]) / np.where(gap > 0, gap, 1)
+  z = (q.mean(0) - v) / np.maximum(gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n), 1e-12)
+  assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
