@@ -2,7 +2,9 @@
 
   PYTHONPATH=. python -m pallas_kernels.bench [--quick] [--out results/kernels_bench.json]
 
-Prints one table of ratios (median of repeats, one run): quantizer bandwidth vs
+Prints one table of ratios (median of repeats, one run; each sample times N
+calls inside one jitted lax.fori_loop, so host dispatch gaps between short
+kernels do not count): quantizer bandwidth vs
 a device-to-device copy-equivalent (elementwise negate: reads and writes the
 same bytes) and vs the jitted XLA quantizer; NVFP4 GEMM TFLOP/s vs XLA's bf16
 dot and vs jax.nn.scaled_dot_general(nvfp4) where it runs; the TetraJet-v2
@@ -30,8 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.nvfp4_gemm import GemmConfig, block_scaled_bf16_gemm, nvfp4_gemm, nvfp4_gemm_reference
+from jax import lax
+
 from pallas_kernels.nvfp4_quantize import quantize_nvfp4_rtn
-from tetrajet_jax.numerics import nvfp4_bf16_operand, quantize_nvfp4
+from pallas_kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
+from tetrajet_jax.numerics import hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4, random_hadamard_16
 
 GEMM_SHAPES = [  # (M, K, N): out [M, N] = A [M, K] @ B [N, K]^T
     (8192, 8192, 8192),
@@ -59,17 +64,32 @@ def _commit() -> str:
     return "unknown"
 
 
-def time_fn(fn, *args, reps: int = 15, inner: int = 5) -> float:
-  """Median seconds per call: `inner` back-to-back calls per sample, after warm-up."""
-  out = fn(*args)
-  jax.block_until_ready(out)
-  jax.block_until_ready(fn(*args))
+def _looped(fn, n: int):
+  """jit of: n calls of fn(*args) inside one lax.fori_loop (one dispatch).
+
+  The arguments pass through an optimization barrier together with the loop
+  index, so XLA cannot hoist the loop-invariant call out of the loop; the last
+  call's output is the loop's result, so no call is dead code.
+  """
+  def run(*args):
+    out0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
+    def body(i, _):
+      a = lax.optimization_barrier((args, i))[0]
+      return fn(*a)
+    return lax.fori_loop(0, n, body, out0)
+  return jax.jit(run)
+
+
+def time_fn(fn, *args, reps: int = 15, inner: int = 10) -> float:
+  """Median seconds per call: each sample runs `inner` calls in one jitted loop, after warm-up."""
+  loop = _looped(fn, inner)
+  jax.block_until_ready(loop(*args))
+  jax.block_until_ready(loop(*args))
   samples = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    for _ in range(inner):
-      out = fn(*args)
-    jax.block_until_ready(out)
+    jax.block_until_ready(loop(*args))
     samples.append((time.perf_counter() - t0) / inner)
   return statistics.median(samples)
 
@@ -132,6 +152,79 @@ def bench_quantizers(rows: list, log, quick: bool):
             nb = x.nbytes + out_bytes + (qs.nbytes if emit else 0)
             rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nb / dt / 1e9,
                              vs_copy=nb / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
+          except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
+            log.write(f"{name} {shape}:\n{traceback.format_exc()}\n")
+            rows.append(dict(kind="quant", name=name, shape=shape, ok=False,
+                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        log.flush()
+
+
+def check_backward_quantizer(x, signs, key, axis: int) -> tuple[bool, str]:
+  """Kernel vs XLA on a slice of x: scales bitwise on the kernel's own RHT output,
+  RHT within FP32 accumulation order of random_hadamard_16, codes among the two
+  E2M1 neighbours."""
+  xs = x[:1024] if axis == -1 else x[:, :512]
+  t, y = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, jnp.uint32(3), axis=axis, emit_transformed=True))(xs)
+  y = np.asarray(y)
+  lines = xs if axis == -1 else xs.T
+  yr = np.asarray(random_hadamard_16(lines.astype(jnp.float32), key, axis=-1))
+  cmax = np.repeat(np.abs(yr).reshape(yr.shape[0], -1, 16).max(-1), 16, 1)
+  fin = np.isfinite(yr) & np.isfinite(y)
+  if not np.all(np.abs(np.where(fin, y - yr, 0)) <= cmax * 2.0**-20):
+    return False, "RHT differs from random_hadamard_16"
+  r = quantize_nvfp4(jnp.asarray(y), axis=-1)
+  if not (_same_bits(t.scale_inner, r.scale_inner) and _same_bits(t.scale_outer, r.scale_outer)):
+    return False, "scales differ from quantize_nvfp4 on the kernel's RHT output"
+  s = np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1)
+  grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+  a = np.minimum(np.abs(y / s), 6.0)
+  lo_i = np.searchsorted(grid, a, side="right") - 1
+  from tetrajet_jax.numerics import decode_e2m1, unpack_e2m1  # noqa: PLC0415
+  mag = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes))))
+  if not np.all((mag == grid[lo_i]) | (mag == grid[np.minimum(lo_i + 1, 7)])):
+    return False, "SR picked a non-neighbour"
+  return True, ""
+
+
+def bench_backward_quantizers(rows: list, log, quick: bool):
+  """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first axis."""
+  shapes = QUANT_SHAPES[:1] if quick else QUANT_SHAPES
+  key = jax.random.key(11)
+  signs = hadamard_signs(key)
+  for shape in shapes:
+    for dtype in (jnp.bfloat16, jnp.float32):
+      x = _test_input(jax.random.key(2), shape, dtype)
+      t_copy = time_fn(jax.jit(lambda v: -v), x)
+      copy_bw = 2 * x.nbytes / t_copy
+      dname = jnp.dtype(dtype).name
+      for axis in (-1, 0):
+        xla_q = jax.jit(lambda v, k1, k2, axis=axis: quantize_nvfp4(
+            random_hadamard_16(v, k1, axis=axis), axis=axis, rounding="stochastic", key=k2))
+        ref = xla_q(x, key, jax.random.key(12))
+        out_bytes = _nbytes((ref.codes, ref.scale_inner, ref.scale_outer))
+        t_xla = time_fn(xla_q, x, key, jax.random.key(12))
+        nb = x.nbytes + out_bytes
+        rows.append(dict(kind="quant", name=f"xla rht+sr {dname} axis={axis}", shape=shape, ms=t_xla * 1e3,
+                         gbps=nb / t_xla / 1e9, vs_copy=nb / t_xla / copy_bw, vs_xla=1.0, copy_gbps=copy_bw / 1e9,
+                         ok=True))
+        try:
+          ok, why = check_backward_quantizer(x, signs, key, axis)
+        except Exception as e:  # noqa: BLE001
+          log.write(f"rht+sr check {dname} axis={axis} {shape}:\n{traceback.format_exc()}\n")
+          ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        for emit in (False, True):
+          name = f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}"
+          if not ok:
+            rows.append(dict(kind="quant", name=name, shape=shape, ok=False, error=f"CHECK FAILED: {why}"))
+            continue
+          try:
+            f = jax.jit(lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
+                v, sg, sd, axis=axis, emit_operand=emit))
+            got = f(x, signs, jnp.uint32(4))
+            dt = time_fn(f, x, signs, jnp.uint32(4))
+            nbe = nb + (got[1].nbytes if emit else 0)
+            rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nbe / dt / 1e9,
+                             vs_copy=nbe / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
           except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
             log.write(f"{name} {shape}:\n{traceback.format_exc()}\n")
             rows.append(dict(kind="quant", name=name, shape=shape, ok=False,
@@ -236,7 +329,7 @@ def bench_linear(rows: list, log):
       name = f"linear fwd+bwd {recipe} gemm={gemm}"
       try:
         f = jax.jit(lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm))
-        dt = time_fn(f, x, w, dy, jax.random.key(0), reps=7, inner=3)
+        dt = time_fn(f, x, w, dy, jax.random.key(0), reps=7, inner=5)
         t_ref = dt if t_ref is None else t_ref
         rows.append(dict(kind="linear", name=name, shape=(m, k, n), ms=dt * 1e3, vs_bf16=dt / t_ref, ok=True))
       except Exception as e:  # noqa: BLE001
@@ -270,7 +363,7 @@ def main(argv=None):
   p.add_argument("--out", default="results/kernels_bench.json")
   p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
   p.add_argument("--quick", action="store_true", help="first shapes only")
-  p.add_argument("--only", choices=["quant", "gemm", "linear"], default=None)
+  p.add_argument("--only", choices=["quant", "bwdquant", "gemm", "linear"], default=None)
   args = p.parse_args(argv)
   dev = jax.devices()[0]
   header = dict(commit=_commit(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
@@ -279,6 +372,7 @@ def main(argv=None):
   rows: list = []
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
     for section, fn in (("quant", lambda: bench_quantizers(rows, log, args.quick)),
+                        ("bwdquant", lambda: bench_backward_quantizers(rows, log, args.quick)),
                         ("gemm", lambda: bench_gemms(rows, log, args.quick)),
                         ("linear", lambda: bench_linear(rows, log))):
       if args.only in (None, section):
