@@ -97,6 +97,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--calib-steps", type=int)
   p.add_argument("--gemm", default="fast")
   p.add_argument("--attention", default="xla", choices=["xla", "cudnn"])
+  p.add_argument("--mesh", default=None,
+                 help="device mesh, e.g. 'data=2,fsdp=4' (default: every device on data; fsdp splits "
+                      "parameters and optimizer state; docs/TRAINING.md)")
+  p.add_argument("--coordinator", default=None,
+                 help="multi-host: host:port of process 0 (or $TETRAJET_COORDINATOR; SLURM/Open MPI: auto)")
+  p.add_argument("--num-processes", type=int, default=None,
+                 help="multi-host: number of processes (or $TETRAJET_NUM_PROCESSES)")
+  p.add_argument("--process-id", type=int, default=None,
+                 help="multi-host: this process's index (or $TETRAJET_PROCESS_ID)")
   p.add_argument("--no-progress", action="store_true")
   p.add_argument("--no-compile-cache", action="store_true",
                  help="do not use the persistent XLA compilation cache under <repo>/cache/jax")
@@ -185,6 +194,9 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
     if bad:
       raise UsageError(f"unknown downstream task(s) {bad}; valid: {', '.join(TASKS)}, or 'all'/'none'.")
   ckpt_every = args.checkpoint_every if args.checkpoint_every is not None else max(1, steps // 10)
+  from tetrajet_jax.train.sharding import parse_mesh  # pylint: disable=import-outside-toplevel
+
+  mesh = parse_mesh(args.mesh or "")
   configs = {}
   for arm in arms:
     configs[arm.name] = TrainConfig(
@@ -194,7 +206,8 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
         osci_window=args.osci_window, calib_start=args.calib_start, calib_steps=args.calib_steps,
         gemm=args.gemm, attention=args.attention, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint_every=ckpt_every,
-        keep_checkpoints=max(1, args.keep_checkpoints), layers=args.layers)
+        keep_checkpoints=max(1, args.keep_checkpoints), layers=args.layers,
+        mesh_data=mesh.get("data"), mesh_fsdp=mesh.get("fsdp", 1))
   out = args.out or Path("results") / f"{args.model}-{steps * tps}tok-seed{args.seed}"
   del vocab_size
   return Plan(args=args, arms=arms, total_steps=steps, configs=configs, out=Path(out), tasks=tasks)
@@ -369,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   args = parse_args(argv)
   try:
+    from tetrajet_jax.train import distributed  # pylint: disable=import-outside-toplevel
+
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
     plan = make_plan(args)  # model, arms, shapes, schedule: before any data or compute
     check_results_dir(plan)
     from tetrajet_jax.data import locate  # pylint: disable=import-outside-toplevel

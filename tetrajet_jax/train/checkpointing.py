@@ -13,6 +13,15 @@ One `ocp.CheckpointManager` per run directory; each step is an
   schedule, batch shape, seed). A restore compares it with the current run
   and refuses a mismatch, naming the fields that differ.
 
+Sharded state: every array is a global `jax.Array`; orbax writes each
+shard once (from the process that holds it; with several processes all of
+them must call `save`/`restore` and see the same directory). Restoring reads
+into the shardings of the *template* (the current run's state), so a
+checkpoint written on one mesh restores onto any other (8 devices -> 1,
+1 -> 4, data parallel <-> FSDP); tests/test_distributed.py checks both
+directions bitwise. The grain iterator state is per process, so the number
+of processes must match (recorded in ``meta``).
+
 Saves are asynchronous (the device->host copy happens before `save`
 returns, so the caller may donate the arrays afterwards); the manager keeps
 the last ``keep`` steps. Restoring never falls back to a fresh start: a
@@ -80,14 +89,17 @@ class Checkpointer:
     meta: JSON-able description of the run; must match on restore.
     keep: how many recent steps to keep.
     async_save: write in a background thread.
+    meta_defaults: values assumed for ``meta`` keys that an older checkpoint
+      does not record.
   """
 
   def __init__(self, directory: str | Path, *, meta: dict[str, Any], keep: int = 2,
-               async_save: bool = True):
+               async_save: bool = True, meta_defaults: dict[str, Any] | None = None):
     if keep < 1:
       raise ValueError(f"keep={keep} must be >= 1.")
     self.directory = Path(directory).absolute()
     self.meta = json.loads(json.dumps(meta))  # normalise tuples etc. as JSON would
+    self.meta_defaults = json.loads(json.dumps(meta_defaults or {}))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -139,7 +151,7 @@ class Checkpointer:
     if step not in self.all_steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; "
                             f"available: {self.all_steps()}.")
-    meta = dict(self.read_meta(step))
+    meta = {**self.meta_defaults, **self.read_meta(step)}
     saved_step = meta.pop("step", None)
     diffs = _diff(meta, self.meta)
     if diffs:

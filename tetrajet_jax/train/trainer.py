@@ -14,9 +14,14 @@ the model's float32 parameters, its other NNX variables (quantization key
 streams, OutControl statistics and channels), the optax state (OsciReset's
 included) and the number of completed updates. The step function is jitted
 once per OutControl phase (``fp4`` -> ``calibrate`` -> ``frozen``; the phase
-is static model structure) with explicit in/out shardings on a mesh (one
-device by default; see `tetrajet_jax.train.sharding`), and the state is
-donated.
+is static model structure) with explicit in/out shardings on a ``(data,
+fsdp)`` mesh built from the config (all local devices on ``data`` by
+default; every placement rule is in `tetrajet_jax.train.sharding`), and the
+state is donated. On several processes (`tetrajet_jax.train.distributed`)
+each one reads its own shard of the data (grain, sharded by process index)
+and contributes its rows of every global batch; only process 0 writes
+metrics, config.json and the progress bar, all processes write their shards
+of each checkpoint.
 
 Host loop: the metrics of step ``s`` are read after step ``s + 1`` has been
 dispatched, so the device is never idle waiting on the host. Before every
@@ -45,7 +50,6 @@ from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
-from tetrajet_jax.evaluation.perplexity import evaluate_perplexity
 from tetrajet_jax.model.configs import QUANT_BLOCK, ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2, lm_loss
 from tetrajet_jax.optim import osci_reset, osci_reset_metrics
@@ -94,6 +98,10 @@ class TrainConfig:
     eval_batches: batches per periodic validation.
     checkpoint_every: save every N steps (0: only at the end and on signals).
     keep_checkpoints: how many checkpoints to keep.
+    mesh_data: devices on the mesh's ``data`` axis; None = all devices not
+      on ``fsdp``.
+    mesh_fsdp: devices on the ``fsdp`` axis (parameters and optimizer state
+      are split over it; `tetrajet_jax.train.sharding`).
   """
 
   model: str
@@ -125,10 +133,15 @@ class TrainConfig:
   keep_checkpoints: int = 2
   layers: int | None = None
   monitor_oscillation: bool = True
+  mesh_data: int | None = None
+  mesh_fsdp: int = 1
 
   # Fields that do not change a single number of the run; a checkpoint may be
   # resumed with other values.
   LOGGING_FIELDS = ("eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+  # Where the run is placed: changes numbers only by float reduction order
+  # (tests/test_distributed.py), so a checkpoint restores onto any mesh.
+  PLACEMENT_FIELDS = ("mesh_data", "mesh_fsdp")
 
   def __post_init__(self):
     get_config(self.model)  # unknown names list the valid ones
@@ -158,6 +171,9 @@ class TrainConfig:
     for name in ("eval_every", "checkpoint_every"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 disables).")
+    if self.mesh_fsdp < 1 or (self.mesh_data is not None and self.mesh_data < 1 and self.mesh_data != -1):
+      raise ValueError(f"mesh data={self.mesh_data}, fsdp={self.mesh_fsdp}: sizes must be >= 1 "
+                       "(data None or -1: all remaining devices).")
 
   @property
   def arm_spec(self) -> Arm:
@@ -192,7 +208,7 @@ class TrainConfig:
   def run_identity(self) -> dict[str, Any]:
     """The fields a checkpoint must match to be resumed (logging fields excluded)."""
     d = dataclasses.asdict(self)
-    for k in self.LOGGING_FIELDS:
+    for k in self.LOGGING_FIELDS + self.PLACEMENT_FIELDS:
       d.pop(k)
     return d
 
@@ -269,8 +285,8 @@ class Trainer:
     resume: continue from the latest checkpoint in ``workdir`` if there is
       one (a corrupt or foreign checkpoint raises `CheckpointError`); without
       it, an existing checkpoint is an error, never silently overwritten.
-    mesh: device mesh (default: all local devices on the ``data`` axis).
-    progress: show a tqdm bar.
+    mesh: device mesh (default: `sharding.mesh_from_config(config)`).
+    progress: show a tqdm bar (process 0 only).
     tensorboard: also write TensorBoard event files.
     async_checkpoints: orbax async saves.
   """
@@ -282,9 +298,11 @@ class Trainer:
     self.data = data
     self.arm = config.arm_spec
     self.workdir = Path(workdir) if workdir is not None else None
-    self.progress = progress
-    self.mesh = mesh if mesh is not None else sharding_lib.make_mesh()
-    sharding_lib.check_batch(config.batch_size, self.mesh)
+    self.is_main = jax.process_index() == 0
+    self.progress = progress and self.is_main
+    self.mesh = mesh if mesh is not None else sharding_lib.mesh_from_config(config)
+    sharding_lib.check_batch(config.batch_size, self.mesh, seq_len=config.seq_len,
+                             quantized=self.arm.quantized)
     base = get_config(config.model)
     self.model_config: ModelConfig = dataclasses.replace(
         base.with_vocab(data.vocab_size), attention=config.attention,
@@ -299,14 +317,16 @@ class Trainer:
     params = nnx.to_pure_dict(params)
     state = {"params": params, "model": nnx.to_pure_dict(rest), "opt": self.tx.init(params),
              "step": jnp.zeros((), jnp.int32)}
-    self._state_shardings = sharding_lib.tree_shardings(state, self.mesh)
+    self._state_shardings = sharding_lib.state_shardings(state, self.mesh, self._param_filter)
     self._batch_sharding = sharding_lib.batch_sharding(self.mesh)
     self.state = jax.device_put(state, self._state_shardings)
     self.step = 0
 
+    # grain sharded by process: each process reads its windows and its rows of every batch.
     self._train_ds = make_train_dataset(data.train_tokens, seq_len=config.seq_len,
-                                        batch_size=config.batch_size, seed=config.data_seed,
-                                        shard_index=0, shard_count=1)
+                                        batch_size=config.batch_size // jax.process_count(),
+                                        seed=config.data_seed, shard_index=jax.process_index(),
+                                        shard_count=jax.process_count())
     self._it = iter(self._train_ds)
     self.checkpointer = None
     self.writer = None
@@ -318,10 +338,12 @@ class Trainer:
     self._stop_signal: str | None = None
     if self.workdir is not None:
       self.workdir.mkdir(parents=True, exist_ok=True)
+      # data_shards: the grain iterator state is per process, so the process count must match.
       meta = {"train": config.run_identity(), "model": dataclasses.asdict(self.model_config),
-              "data": data.name}
+              "data": data.name, "data_shards": jax.process_count()}
       self.checkpointer = Checkpointer(self.workdir / "checkpoints", meta=meta,
-                                       keep=config.keep_checkpoints, async_save=async_checkpoints)
+                                       keep=config.keep_checkpoints, async_save=async_checkpoints,
+                                       meta_defaults={"data_shards": 1})
       latest = self.checkpointer.latest_step()
       if latest is not None and not resume:
         raise CheckpointError(f"{self.workdir / 'checkpoints'} already holds checkpoint step {latest}; "
@@ -332,11 +354,12 @@ class Trainer:
         raise CheckpointError(f"{self.workdir / 'checkpoints'} has no complete checkpoint but is not "
                               f"empty ({sorted(p.name for p in (self.workdir / 'checkpoints').iterdir())});"
                               " refusing to start fresh over it. Inspect or delete it.")
-      (self.workdir / "config.json").write_text(json.dumps(
-          {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
-           "data": data.name, "derived": self.derived()}, indent=2) + "\n", encoding="utf-8")
-      truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
-      self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
+      if self.is_main:
+        (self.workdir / "config.json").write_text(json.dumps(
+            {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
+             "data": data.name, "derived": self.derived()}, indent=2) + "\n", encoding="utf-8")
+        truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
+        self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
 
   # ---- state and phases ------------------------------------------------------------------
 
@@ -345,7 +368,8 @@ class Trainer:
     out: dict[str, Any] = {"tokens_per_step": self.config.tokens_per_step,
                            "total_tokens": self.config.tokens_per_step * self.config.total_steps,
                            "param_counts": self.model_config.param_counts(),
-                           "bf16_blocks": sorted(self.model_config.bf16_blocks(self.arm.recipe))}
+                           "bf16_blocks": sorted(self.model_config.bf16_blocks(self.arm.recipe)),
+                           "mesh": dict(self.mesh.shape), "processes": jax.process_count()}
     if self.arm.oscireset:
       out["osci_reset"] = dataclasses.asdict(self.config.osci_windows)
     if self.arm.outcontrol:
@@ -393,20 +417,22 @@ class Trainer:
   # ---- compiled functions ----------------------------------------------------------------
 
   def _make_step(self) -> Callable:
-    graphdef, tx, cfg = self._graphdef, self.tx, self.config
+    graphdef, tx, cfg, mesh = self._graphdef, self.tx, self.config, self.mesh
     z_loss, schedule, oscireset = self.model_config.z_loss, cfg.schedule, self.arm.oscireset
     monitored = not oscireset and self.arm.quantized and cfg.monitor_oscillation
+    param_shardings = self._state_shardings["params"]
 
     def train_step(state, batch):
       params, model_vars = state["params"], state["model"]
 
       def loss_of(p):
-        model = nnx.merge(graphdef, p, model_vars)
-        logits = model(batch["inputs"])
+        model = nnx.merge(graphdef, sharding_lib.gather_for_compute(p, mesh), model_vars)
+        logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
         loss, aux = lm_loss(logits, batch["targets"], z_loss=z_loss)
         return loss, (aux, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
 
       (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+      grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
       extra = {}
       if oscireset:
         extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
@@ -439,23 +465,85 @@ class Trainer:
     return _STEP_FNS[key]
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
-    """``tokens int32[B,T] -> float32 logits`` with the current state (no state change)."""
-    key = self._graphdef
+    """``tokens int32[B,T] -> float32 logits`` with the current state (no state change).
+
+    Any batch shape: the tokens (the same on every process) are replicated
+    and so are the logits; parameters stay where they are (FSDP-split ones
+    are gathered inside). For downstream scoring; `evaluate` is the sharded
+    validation pass.
+    """
+    key = ("logits", self._graphdef, self.mesh, jax.tree.structure(self.state))
     if key not in _EVAL_FNS:
-      graphdef = self._graphdef
-      _EVAL_FNS[key] = jax.jit(lambda params, model_vars, tokens: nnx.merge(
-          graphdef, params, model_vars)(tokens))
+      graphdef, mesh = self._graphdef, self.mesh
+      rep = sharding_lib.replicated(mesh)
+      _EVAL_FNS[key] = jax.jit(
+          lambda params, model_vars, tokens: nnx.merge(
+              graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)(tokens),
+          in_shardings=(self._state_shardings["params"], self._state_shardings["model"], rep),
+          out_shardings=rep)
     fn = _EVAL_FNS[key]
     params, model_vars = self.state["params"], self.state["model"]
-    return lambda tokens: fn(params, model_vars, jnp.asarray(tokens, jnp.int32))
+    return lambda tokens: fn(params, model_vars,
+                             sharding_lib.replicated_input(np.asarray(tokens, np.int32), self.mesh))
+
+  def _eval_fn(self) -> Callable:
+    """Jitted ``(params, model vars, batch, token bytes) -> (nll sum, tokens, bytes)``, batch split like training."""
+    key = ("eval", self._graphdef, self.mesh, jax.tree.structure(self.state))
+    if key not in _EVAL_FNS:
+      graphdef, mesh = self._graphdef, self.mesh
+      rep = sharding_lib.replicated(mesh)
+
+      def stats(params, model_vars, batch, token_bytes):
+        model = nnx.merge(graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)
+        logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        target_logp = jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
+        w = batch["weights"]
+        return -(target_logp * w).sum(), w.sum(), (token_bytes[batch["targets"]] * w).sum()
+
+      _EVAL_FNS[key] = jax.jit(
+          stats, in_shardings=(self._state_shardings["params"], self._state_shardings["model"],
+                               self._batch_sharding, rep),
+          out_shardings=rep)
+    return _EVAL_FNS[key]
 
   def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, float]:
-    """Validation loss, perplexity and bits per byte (None: the whole split)."""
+    """Validation loss, perplexity and bits per byte (None: the whole split).
+
+    The same numbers as `evaluation.perplexity.evaluate_perplexity` (tested),
+    computed with the batch split over the mesh and the val split sharded by
+    process; the sums are global (replicated) arrays.
+    """
+    batch_size = batch_size or self.config.batch_size
+    sharding_lib.check_batch(batch_size, self.mesh, what="eval batch_size")
     ds = make_val_dataset(self.data.val_tokens, seq_len=self.config.seq_len,
-                          batch_size=batch_size or self.config.batch_size, shard_index=0, shard_count=1,
-                          pad_id=self.data.pad_id)
-    return evaluate_perplexity(self.logits_fn(), iter(ds), token_bytes=self.data.token_bytes,
-                               max_batches=max_batches)
+                          batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
+                          shard_count=jax.process_count(), pad_id=self.data.pad_id)
+    vocab = self.model_config.padded_vocab
+    tb = np.zeros(vocab, np.float32)
+    if self.data.token_bytes is not None:
+      if len(self.data.token_bytes) > vocab:
+        raise ValueError(f"model vocab {vocab} < tokenizer vocab {len(self.data.token_bytes)}")
+      tb[: len(self.data.token_bytes)] = self.data.token_bytes
+    tb = sharding_lib.replicated_input(tb, self.mesh)
+    fn = self._eval_fn()
+    nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
+    for i, local in enumerate(ds):
+      if max_batches is not None and i >= max_batches:
+        break
+      batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
+      nll, count, nb = fn(self.state["params"], self.state["model"], batch, tb)
+      nll_sum += float(nll)
+      n_tok += float(count)
+      n_bytes += float(nb)
+    if n_tok == 0:
+      raise ValueError("no validation tokens were scored: the val split is empty or all weights are 0; "
+                       "check the val split (`python -m tetrajet_jax.data.build`).")
+    loss = nll_sum / n_tok
+    bpb = (nll_sum / (math.log(2) * n_bytes) if self.data.token_bytes is not None and n_bytes > 0
+           else math.nan)
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bpb,
+            "tokens": n_tok, "bytes": n_bytes}
 
   # ---- the loop --------------------------------------------------------------------------
 
@@ -509,8 +597,8 @@ class Trainer:
       self.last_good_checkpoint = self.step
 
   def _next_batch(self) -> dict[str, jax.Array]:
-    batch = next(self._it)
-    return jax.device_put({"inputs": batch["inputs"], "targets": batch["targets"]}, self._batch_sharding)
+    batch = next(self._it)  # this process's rows
+    return sharding_lib.global_batch({"inputs": batch["inputs"], "targets": batch["targets"]}, self.mesh)
 
   def train(self, num_steps: int | None = None) -> TrainResult:
     """Trains until the schedule ends (or ``num_steps`` more steps, or a signal).
