@@ -256,7 +256,10 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     y_gmem = refs[n_out] if emit_transformed else None
     refs = refs[n_out + int(emit_transformed):]
     outs_smem = refs[:n_out]
-    bt_smem, keys_smem, split_smem, y_smem, bar_bt, bar_keys = refs[n_out:]
+    if f32_in:
+      bt_smem, keys_smem, y_smem, bar_bt, bar_keys, split_smem = refs[n_out:]
+    else:
+      bt_smem, keys_smem, y_smem, bar_bt, bar_keys = refs[n_out:]
     rows = pl.ds(lax.axis_index("rows") * block, block)
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
     plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
@@ -331,11 +334,12 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
   scratch += [
       plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)),
       plgpu.SMEM((1, block), jnp.uint32),
-      plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])),
       plgpu.SMEM((block, OUTER), jnp.float32),
       plgpu.Barrier(),
       plgpu.Barrier(),
   ]
+  if f32_in:  # one bf16 part of the hi/mid/lo split at a time
+    scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block,), grid_names=("rows",),
                       scratch_types=scratch)
   with _platform.interpret_context(interpret):
