@@ -38,7 +38,8 @@ stage() {  # stage NAME LIMIT_S CMD...
 }
 
 stage tests "${T_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 4 \
-  tests/test_numerics.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py tests/test_linear.py
+  tests/test_numerics.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py \
+  tests/test_pallas_backward_quantize.py tests/test_linear.py
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
   --out "$OUT/bench_linear.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json"
