@@ -312,6 +312,9 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
                plan.args.seq_len) / 1e12) if rates else None,
            "wall_s_this_session": time.time() - t0}
   final_path.write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+  # One line per finished arm, so a run cut short still reports what it measured.
+  print(f"{arm.name}: done: val loss {val['loss']:.4f}, PPL {val['ppl']:.3f}, median tokens/s "
+        f"{_fmt(final['tokens_per_s'], ',.0f')}, {final['wall_s_this_session']:.0f} s", flush=True)
   if plan.args.keep_checkpoints == 0:
     shutil.rmtree(arm_dir / "checkpoints", ignore_errors=True)
   return final

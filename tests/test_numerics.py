@@ -53,6 +53,25 @@ def test_round_to_e4m3_matches_ml_dtypes(rng, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_div_rn_is_the_ieee_quotient(rng, mode):
+  """div_rn must equal IEEE division bit for bit (XLA's GPU division is not)."""
+  n = 100000
+  x = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
+  y = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
+  # Exact quotients, a / a, the GPU counterexample 4.6875 / 0.9375, a subnormal
+  # dividend (XLA treats subnormal operands as zero on CPU and GPU alike).
+  a = (rng.uniform(1, 2, 1000) * np.exp2(rng.integers(-20, 20, 1000))).astype(np.float32)
+  x = np.concatenate([x, a, np.float32(4.6875) * np.ones(4, np.float32), [0.0, -0.0, 1e-40]]).astype(np.float32)
+  y = np.concatenate([y, a, np.float32(0.9375) * np.ones(4, np.float32), [3.0, 7.0, 448.0]]).astype(np.float32)
+  got = np.asarray(run(nm.div_rn, mode, jnp.asarray(x), jnp.asarray(y)))
+  with np.errstate(over="ignore", under="ignore"):
+    want = x / y
+  normal = np.abs(want) >= np.finfo(np.float32).tiny
+  np.testing.assert_array_equal(got[normal | (want == 0)], want[normal | (want == 0)])
+  assert np.all(got[~normal & (want != 0)] == 0), "quotients below the normal range flush to zero"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_e2m1_nearest_matches_ml_dtypes(rng, mode):
   grid = ref.E2M1_VALUES.astype(np.float32)
   mids = (grid[1:] + grid[:-1]) / 2

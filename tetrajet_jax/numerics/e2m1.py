@@ -21,6 +21,7 @@ E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 # magnitude index): 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _TIE_ROUNDS_UP = (False, True, False, True, False, True, False)
+_INV_GAP = np.array([2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 0.5, 0.0], np.float32)  # 1 / (grid[i+1] - grid[i])
 
 
 def _grid_lookup(idx: jax.Array) -> jax.Array:
@@ -56,10 +57,11 @@ def round_e2m1_stochastic(v: jax.Array, key: jax.Array) -> jax.Array:
   lo_idx = jnp.zeros(v.shape, jnp.int32)
   for g in E2M1_GRID[1:]:
     lo_idx += a >= g
-  hi_idx = jnp.minimum(lo_idx + 1, 7)
-  lo, hi = _grid_lookup(lo_idx), _grid_lookup(hi_idx)
-  gap = jnp.where(hi > lo, hi - lo, 1.0)  # a power of two: the division is exact
-  p_up = (a - lo) / gap
+  lo = _grid_lookup(lo_idx)
+  # (a - lo) / gap, as a multiplication by the gap's inverse (a power of two,
+  # so exact; division is not correctly rounded on every backend). At 6 the
+  # inverse is 0: nothing above to round to.
+  p_up = (a - lo) * jnp.asarray(_INV_GAP)[lo_idx]
   u = jax.random.uniform(key, v.shape, jnp.float32)
   idx = lo_idx + (u < p_up).astype(jnp.int32)
   return _with_sign(idx, v < 0)

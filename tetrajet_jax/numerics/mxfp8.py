@@ -71,10 +71,12 @@ def _quantize_mxfp8(x: jax.Array, *, axis: int, check: bool) -> MXFP8Tensor:
   amax = jnp.abs(xb).max(axis=-1)
   finite = jnp.isfinite(xb).all(axis=-1)
   e = e8m0_exponent(amax, E4M3_MAX)  # [..., K/32]
-  # Divide by 2^e in two exact power-of-two steps (2^e alone may be subnormal).
+  # Multiply by 2^-e in two exact power-of-two steps (2^-e alone may leave
+  # the normal range); multiplications, since division is not correctly
+  # rounded on every backend.
   e1 = e // 2
   e2 = e - e1
-  scaled = xb / exp2_int(e1)[..., None] / exp2_int(e2)[..., None]
+  scaled = xb * exp2_int(-e1)[..., None] * exp2_int(-e2)[..., None]
   data = round_to_e4m3(scaled).reshape(*lead, k)
   code = jnp.where(finite, e + E8M0_BIAS, E8M0_NAN).astype(jnp.uint8)
   return MXFP8Tensor(data=data.astype(jnp.float8_e4m3fn), scale_e8m0=code, shape=shape, axis=axis)

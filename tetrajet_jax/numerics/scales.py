@@ -22,18 +22,28 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 
 
-def div_by_constant(x: jax.Array, c: float) -> jax.Array:
-  """x / c as one IEEE division, never merged with a neighbouring one.
+def div_rn(x: jax.Array, y: jax.Array) -> jax.Array:
+  """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every backend.
 
-  XLA's algebraic simplifier rewrites `x / broadcast(c)` as
-  `x * broadcast(1 / c)` and `(x / a) / b` as `x / (a * b)`; both can differ
-  in the last bit from the spec's "divide by 448, then by 6". Numerator and a
-  full-shape divisor go through one optimization barrier, so the division
-  stays as written on every backend. (Only used on scale-sized arrays.)
+  Why not `x / y`: XLA on NVIDIA GPUs lowers f32 division to `div.full.f32`
+  (up to 2 ulp; about a quarter of quotients are 1 ulp off, even a / a != 1),
+  and XLA's simplifier rewrites `x / c` as `x * (1 / c)`. The spec's scales
+  and element rounding are defined with IEEE division. So the quotient is
+  computed in float64 (whose division XLA emits correctly rounded, div.rn.f64
+  on GPU) and rounded to float32: for float32 operands this double rounding is
+  innocuous (53 >= 2*24 + 2 bits), the result is the IEEE float32 quotient
+  bit for bit. The float32 result passes an optimization barrier: otherwise
+  XLA removes the f64 -> f32 -> f64 convert pair between two chained
+  divisions (amax / 448 / 6) and the intermediate rounding silently vanishes.
   """
-  x = jnp.asarray(x, jnp.float32)
-  x, c = lax.optimization_barrier((x, jnp.full(x.shape, c, jnp.float32)))
-  return x / c
+  with jax.enable_x64(True):
+    q = jnp.asarray(x, jnp.float32).astype(jnp.float64) / jnp.asarray(y, jnp.float32).astype(jnp.float64)
+    return lax.optimization_barrier(q.astype(jnp.float32))
+
+
+def div_by_constant(x: jax.Array, c: float) -> jax.Array:
+  """x / c, correctly rounded (see div_rn): the spec's "divide by 448, then by 6"."""
+  return div_rn(x, jnp.float32(c))
 
 
 def exp2_int(e: jax.Array) -> jax.Array:
@@ -61,8 +71,9 @@ def round_to_e4m3(x: jax.Array) -> jax.Array:
   ax = jnp.abs(x)
   # Spacing of E4M3 values around ax: 2^(e-3) for normals, 2^-9 for subnormals.
   e = jnp.clip(floor_log2(ax), E4M3_MIN_NORMAL_EXP, 127)
-  quantum = exp2_int(e - E4M3_MANTISSA_BITS)
-  r = jnp.round(ax / quantum) * quantum  # divide/multiply by 2^k: exact; round: ties to even
+  # Scale by 2^(3-e) and back: exact multiplications (no division, which is
+  # not correctly rounded on every backend); round: ties to even.
+  r = jnp.round(ax * exp2_int(E4M3_MANTISSA_BITS - e)) * exp2_int(e - E4M3_MANTISSA_BITS)
   r = jnp.minimum(r, E4M3_MAX)  # NaN propagates through minimum
   return jnp.where(x < 0, -r, r)
 
