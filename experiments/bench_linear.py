@@ -66,7 +66,8 @@ def main(argv=None) -> list[dict]:
           continue
         rows.append(dict(shape=shape, recipe=recipe, gemm=gemm, ms=t * 1e3, ratio=t / base,
                          tflops=flops / t / 1e12))
-  print(f"device {device_name()}, commit {commit_id()}; fwd+bwd (Y, dX, dW), median of {a.reps} x 5 calls")
+  print(f"device {device_name()}, commit {commit_id()}; fwd+bwd (Y, dX, dW), median of {a.reps} samples "
+        "of 10 calls in one jitted loop")
   print("| M x K x N | recipe | gemm | ms | time / bf16 | effective TFLOP/s |")
   print("|---|---|---|---:|---:|---:|")
   for r in rows:

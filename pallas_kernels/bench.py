@@ -21,8 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -31,11 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+
 from pallas_kernels.nvfp4_gemm import GemmConfig, block_scaled_bf16_gemm, nvfp4_gemm, nvfp4_gemm_reference
-from jax import lax
 
 from pallas_kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from pallas_kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
+from tetrajet_jax.benchmarking import commit_id, time_fn
 from tetrajet_jax.numerics import hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4, random_hadamard_16
 
 GEMM_SHAPES = [  # (M, K, N): out [M, N] = A [M, K] @ B [N, K]^T
@@ -51,47 +50,6 @@ GEMM_CONFIGS = {  # each fits the 227 KiB SMEM limit with the measured ~34 KiB o
     "t64x128_s2_o1": GemmConfig(tile_m=64, tile_n=128, max_concurrent_steps=2, out_slots=1),
 }
 QUANT_SHAPES = [(16384, 4096), (16384, 1024)]
-
-
-def _commit() -> str:
-  env = os.environ.get("BENCH_COMMIT")
-  if env:
-    return env
-  try:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except Exception:  # noqa: BLE001 - the device copy may carry no .git
-    return "unknown"
-
-
-def _looped(fn, n: int):
-  """jit of: n calls of fn(*args) inside one lax.fori_loop (one dispatch).
-
-  The arguments pass through an optimization barrier together with the loop
-  index, so XLA cannot hoist the loop-invariant call out of the loop; the last
-  call's output is the loop's result, so no call is dead code.
-  """
-  def run(*args):
-    out0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
-
-    def body(i, _):
-      a = lax.optimization_barrier((args, i))[0]
-      return fn(*a)
-    return lax.fori_loop(0, n, body, out0)
-  return jax.jit(run)
-
-
-def time_fn(fn, *args, reps: int = 15, inner: int = 10) -> float:
-  """Median seconds per call: each sample runs `inner` calls in one jitted loop, after warm-up."""
-  loop = _looped(fn, inner)
-  jax.block_until_ready(loop(*args))
-  jax.block_until_ready(loop(*args))
-  samples = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(loop(*args))
-    samples.append((time.perf_counter() - t0) / inner)
-  return statistics.median(samples)
 
 
 def _nbytes(tree) -> int:
@@ -366,7 +324,7 @@ def main(argv=None):
   p.add_argument("--only", choices=["quant", "bwdquant", "gemm", "linear"], default=None)
   args = p.parse_args(argv)
   dev = jax.devices()[0]
-  header = dict(commit=_commit(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
+  header = dict(commit=commit_id(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M:%S"))
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows: list = []
