@@ -102,8 +102,10 @@ def test_checkpoint_restores_on_another_mesh_and_continues(results, which, src):
   uninterrupted = results[f"uninterrupted_{src}"][2]
   cont = r["history"][0]
   assert cont["step"] == 2
-  # Same state, same batch (the grain position is restored): the step-2 loss is a forward, bitwise equal.
-  assert cont["train/loss"] == uninterrupted["train/loss"]
+  # Same state, same batch (the grain position is restored): the step-2 loss is the same forward on
+  # another mesh. Only the order of the cross-device loss reduction may differ: within 2 ulp (seen:
+  # bitwise before the correctly rounded division landed, 1 ulp after; the quantized values are equal).
+  assert cont["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=2.5e-7, abs=0)
   for k in ("train/grad_norm", "train/param_norm"):
     assert cont[k] == pytest.approx(uninterrupted[k], rel=1e-5), k
 
