@@ -78,10 +78,19 @@ def evaluate_perplexity(
     nll_sum += float(nll)
     n_tok += float(count)
     n_bytes += float(nb)
+  return summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=token_bytes is not None)
+
+
+def summarize_perplexity(nll_sum: float, n_tok: float, n_bytes: float, *, has_bytes: bool) -> dict[str, float]:
+  """Loss, perplexity and bits per byte from accumulated sums (shared with the trainer's sharded eval).
+
+  Raises:
+    ValueError: no token was scored.
+  """
   if n_tok == 0:
     raise ValueError("no validation tokens were scored: the batches were empty or all weights 0; "
                      "check the val split (`python -m tetrajet_jax.data.build`).")
   loss = nll_sum / n_tok
-  bpb = nll_sum / (math.log(2) * n_bytes) if token_bytes is not None and n_bytes > 0 else math.nan
+  bpb = nll_sum / (math.log(2) * n_bytes) if has_bytes and n_bytes > 0 else math.nan
   return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bpb,
           "tokens": n_tok, "bytes": n_bytes}

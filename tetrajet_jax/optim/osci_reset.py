@@ -292,13 +292,18 @@ def osci_reset(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def find_osci_reset_state(opt_state: Any) -> OsciResetState:
-  """The single OsciResetState inside an optimizer state (chain, MultiSteps, inject_hyperparams)."""
-  found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, OsciResetState))
-           if isinstance(x, OsciResetState)]
+def find_state(opt_state: Any, state_type: type) -> Any:
+  """The single `state_type` NamedTuple inside an optimizer state (chain, MultiSteps, inject_hyperparams)."""
+  found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, state_type))
+           if isinstance(x, state_type)]
   if len(found) != 1:
-    raise ValueError(f"Expected exactly one OsciResetState in the optimizer state, found {len(found)}.")
+    raise ValueError(f"Expected exactly one {state_type.__name__} in the optimizer state, found {len(found)}.")
   return found[0]
+
+
+def find_osci_reset_state(opt_state: Any) -> OsciResetState:
+  """The single OsciResetState inside an optimizer state."""
+  return find_state(opt_state, OsciResetState)
 
 
 def osci_reset_metrics(state: Any) -> dict[str, jax.Array]:

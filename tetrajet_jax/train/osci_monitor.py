@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from tetrajet_jax.optim import NVFP4WeightQuantizer
+from tetrajet_jax.optim.osci_reset import find_state
 
 
 class OsciMonitorState(NamedTuple):
@@ -75,8 +76,4 @@ def osci_monitor(*, start_step: int, period: int, window: int, threshold: float,
 
 
 def find_monitor_state(opt_state: Any) -> OsciMonitorState:
-  found = [x for x in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, OsciMonitorState))
-           if isinstance(x, OsciMonitorState)]
-  if len(found) != 1:
-    raise ValueError(f"expected one OsciMonitorState in the optimizer state, found {len(found)}")
-  return found[0]
+  return find_state(opt_state, OsciMonitorState)

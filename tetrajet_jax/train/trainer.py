@@ -50,6 +50,7 @@ from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
+from tetrajet_jax.evaluation.perplexity import summarize_perplexity
 from tetrajet_jax.model.configs import QUANT_BLOCK, ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2, lm_loss
 from tetrajet_jax.optim import osci_reset, osci_reset_metrics
@@ -536,14 +537,7 @@ class Trainer:
       nll_sum += float(nll)
       n_tok += float(count)
       n_bytes += float(nb)
-    if n_tok == 0:
-      raise ValueError("no validation tokens were scored: the val split is empty or all weights are 0; "
-                       "check the val split (`python -m tetrajet_jax.data.build`).")
-    loss = nll_sum / n_tok
-    bpb = (nll_sum / (math.log(2) * n_bytes) if self.data.token_bytes is not None and n_bytes > 0
-           else math.nan)
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bpb,
-            "tokens": n_tok, "bytes": n_bytes}
+    return summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
 
   # ---- the loop --------------------------------------------------------------------------
 
