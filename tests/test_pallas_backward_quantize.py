@@ -80,6 +80,22 @@ def check_tensor(t, y, x_lines, key, *, qs=None):
     np.testing.assert_array_equal(np.asarray(qs).view(np.uint16), np.asarray(nvfp4_bf16_operand(t)[0]).view(np.uint16))
 
 
+
+def _assert_sr_unbiased(t, y, n: int) -> np.ndarray:
+  """z-test of E[|decode(code)|] = |y/s| per column over n identical rows (|z| < 4.5); returns |q|."""
+  y = np.asarray(y)
+  assert np.all(y == y[:1])
+  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
+  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
+  q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
+  lo_i = np.searchsorted(GRID, v, side="right") - 1
+  gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
+  p = (v - GRID[lo_i]) / np.where(gap > 0, gap, 1)
+  std = gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n)
+  z = (q.mean(0) - v) / np.maximum(std, 1e-12)
+  assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
+  return q
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_backward_quantizer_interpret(rng, key, dtype):
   """axis=-1 on [64, 256] and axis=0 on its transpose: all contracts, and both give the same tensor."""
@@ -130,17 +146,7 @@ def test_sr_unbiased_and_seeded_interpret(rng, key):
   signs = hadamard_signs(key)
   f = jax.jit(lambda x, s: quantize_nvfp4_rht_sr(x, signs, s, axis=-1, emit_transformed=True, interpret=True))
   t, y = f(x, jnp.uint32(1))
-  y = np.asarray(y)
-  assert np.all(y == y[:1])
-  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
-  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
-  q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
-  lo_i = np.searchsorted(GRID, v, side="right") - 1
-  gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
-  p = (v - GRID[lo_i]) / np.where(gap > 0, gap, 1)
-  std = gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n)
-  z = (q.mean(0) - v) / np.maximum(std, 1e-12)
-  assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
+  q = _assert_sr_unbiased(t, y, n)
   assert len(np.unique(q, axis=0)) > 100, "rows did not draw independent bits"
 
   t2, _ = f(x, jnp.uint32(2))
@@ -237,13 +243,4 @@ def test_sr_unbiased_gpu(rng, key):
   row = rng.standard_normal(128).astype(np.float32) * 3.0
   x = jnp.asarray(np.tile(row, (n, 1)))
   t, y = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, hadamard_signs(key), jnp.uint32(5), emit_transformed=True))(x)
-  y = np.asarray(y)
-  assert np.all(y == y[:1])
-  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
-  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
-  q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
-  lo_i = np.searchsorted(GRID, v, side="right") - 1
-  gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
-  p = (v - GRID[lo_i]) / np.where(gap > 0, gap, 1)
-  z = (q.mean(0) - v) / np.maximum(gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n), 1e-12)
-  assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
+  _assert_sr_unbiased(t, y, n)
