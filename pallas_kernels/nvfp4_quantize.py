@@ -133,6 +133,23 @@ def _quantize_tile(load_sub, interpret: bool = False):
   return codes, qss, s_ins, s_out
 
 
+def store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_ref=None) -> None:
+  """Writes one quantized 128-wide tile from even/odd element pairs: packed codes
+  (element 2i in the low nibble), E4M3-valued inner scales, the outer scale, and
+  optionally the exact bf16 q*s_in operand as uint32 words holding two bf16."""
+  s_out_ref[0, :] = s_out
+  for c in range(OUTER // INNER):
+    s_in_ref[c, :] = s_ins[c]
+    sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
+    ce, co = codes[c]
+    codes_ref[sub] = (ce | (co << 4)).astype(jnp.uint8)
+    if qs_ref is not None:
+      qe, qo = qss[c]
+      lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
+      hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
+      qs_ref[sub] = lo | hi
+
+
 def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: Packing, interpret: bool):
   """x_ref: [bm, 128] (f32/bf16; "xla") or uint32 [bm, 64] (bf16 pairs; "pairs")."""
   if packing == "pairs":
@@ -144,17 +161,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
     evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
     odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
     codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret)
-    s_out_ref[0, :] = s_out
-    for c in range(OUTER // INNER):
-      s_in_ref[c, :] = s_ins[c]
-      sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
-      ce, co = codes[c]
-      codes_ref[sub] = (ce | (co << 4)).astype(jnp.uint8)
-      if qs_refs:
-        qe, qo = qss[c]
-        lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
-        hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
-        qs_refs[0][sub] = lo | hi
+    store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
   else:
     def load_sub(c):
       return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)],

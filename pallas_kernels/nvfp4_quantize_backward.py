@@ -55,7 +55,8 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import _platform
-from pallas_kernels.nvfp4_quantize import _F32_MAX, INNER, OUTER, _div_const, _e4m3_rne_satfinite, _index_magnitude
+from pallas_kernels.nvfp4_quantize import (_F32_MAX, INNER, OUTER, _div_const, _e4m3_rne_satfinite, _index_magnitude,
+                                          store_packed_tile)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 
@@ -299,17 +300,8 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
-      s_out_s[0, :] = s_out
-      for c in range(OUTER // INNER):
-        s_in_s[c, :] = s_ins[c]
-        sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
-        ce, co = codes[c]
-        codes_s[sub] = (ce | (co << 4)).astype(jnp.uint8)
-        if emit_operand:
-          qe, qo = qss[c]
-          lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
-          hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
-          outs_smem[3].at[slot][sub] = lo | hi
+      store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,
+                        outs_smem[3].at[slot] if emit_operand else None)
       plgpu.commit_smem()
       dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
               outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
