@@ -52,6 +52,12 @@ GEMM_CONFIGS = {  # each fits the 227 KiB SMEM limit with the measured ~34 KiB o
 QUANT_SHAPES = [(16384, 4096), (16384, 1024)]
 
 
+def _record_failure(rows: list, log, label: str, e: Exception, **row) -> None:
+  """Logs the traceback and adds a failed row, so one broken variant does not stop the run."""
+  log.write(f"{label}:\n{traceback.format_exc()}\n")
+  rows.append(dict(row, ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+
+
 def _nbytes(tree) -> int:
   return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
 
@@ -111,9 +117,7 @@ def bench_quantizers(rows: list, log, quick: bool):
             rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nb / dt / 1e9,
                              vs_copy=nb / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
           except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
-            log.write(f"{name} {shape}:\n{traceback.format_exc()}\n")
-            rows.append(dict(kind="quant", name=name, shape=shape, ok=False,
-                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+            _record_failure(rows, log, f"{name} {shape}", e, kind="quant", name=name, shape=shape)
         log.flush()
 
 
@@ -184,9 +188,7 @@ def bench_backward_quantizers(rows: list, log, quick: bool):
             rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nbe / dt / 1e9,
                              vs_copy=nbe / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
           except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
-            log.write(f"{name} {shape}:\n{traceback.format_exc()}\n")
-            rows.append(dict(kind="quant", name=name, shape=shape, ok=False,
-                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+            _record_failure(rows, log, f"{name} {shape}", e, kind="quant", name=name, shape=shape)
         log.flush()
 
 
@@ -216,9 +218,7 @@ def bench_gemms(rows: list, log, quick: bool):
       ok_cfgs[cname] = ok
       rows.append(dict(kind="gemm_check", name=f"pallas gemm {cname}", ok=ok, rel_err=err))
     except Exception as e:  # noqa: BLE001
-      log.write(f"gemm check {cname}:\n{traceback.format_exc()}\n")
-      rows.append(dict(kind="gemm_check", name=f"pallas gemm {cname}", ok=False,
-                       error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+      _record_failure(rows, log, f"gemm check {cname}", e, kind="gemm_check", name=f"pallas gemm {cname}")
   for (m, k, n) in shapes:
     flops = 2.0 * m * n * k
     a, b = _gemm_operands(m, k, n)
@@ -244,9 +244,8 @@ def bench_gemms(rows: list, log, quick: bool):
         rows.append(dict(kind="gemm", name=f"pallas nvfp4_gemm (+XLA decode) {cname}", shape=shape,
                          ms=dt * 1e3, tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
       except Exception as e:  # noqa: BLE001
-        log.write(f"gemm {cname} {shape}:\n{traceback.format_exc()}\n")
-        rows.append(dict(kind="gemm", name=f"pallas gemm {cname}", shape=shape, ok=False,
-                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        _record_failure(rows, log, f"gemm {cname} {shape}", e, kind="gemm", name=f"pallas gemm {cname}",
+                        shape=shape)
     try:
       cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
       sdg = jax.jit(lambda x, y: jax.nn.scaled_dot_general(
@@ -255,9 +254,8 @@ def bench_gemms(rows: list, log, quick: bool):
       rows.append(dict(kind="gemm", name="jax.nn.scaled_dot_general nvfp4", shape=shape, ms=dt * 1e3,
                        tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
     except Exception as e:  # noqa: BLE001
-      log.write(f"scaled_dot_general {shape}:\n{traceback.format_exc()}\n")
-      rows.append(dict(kind="gemm", name="jax.nn.scaled_dot_general nvfp4", shape=shape, ok=False,
-                       error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+      _record_failure(rows, log, f"scaled_dot_general {shape}", e, kind="gemm",
+                      name="jax.nn.scaled_dot_general nvfp4", shape=shape)
     log.flush()
 
 
@@ -291,9 +289,7 @@ def bench_linear(rows: list, log):
         t_ref = dt if t_ref is None else t_ref
         rows.append(dict(kind="linear", name=name, shape=(m, k, n), ms=dt * 1e3, vs_bf16=dt / t_ref, ok=True))
       except Exception as e:  # noqa: BLE001
-        log.write(f"{name} {(m, k, n)}:\n{traceback.format_exc()}\n")
-        rows.append(dict(kind="linear", name=name, shape=(m, k, n), ok=False,
-                         error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
+        _record_failure(rows, log, f"{name} {(m, k, n)}", e, kind="linear", name=name, shape=(m, k, n))
 
 
 def format_table(rows: list) -> str:
