@@ -17,7 +17,9 @@ quantized along the last axis) or plain arrays [rows, K]. Modes:
               does efficiently. tests/test_linear.py measures the deviation.
   pallas  The Pallas (Mosaic GPU) NVFP4 GEMM with exact products and per-128
           promotion when `pallas_kernels` can run the shapes on this
-          backend; otherwise falls back to `fast`.
+          backend; otherwise falls back to `fast`. In this mode the linear
+          layer also uses the fused Pallas quantizers (RTN forward,
+          RHT + SR backward) where they run.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
-                                   dequantize_nvfp4_canonical, nvfp4_bf16_operand)
+                                   dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand)
 
 GemmMode = Literal["exact", "fast", "pallas"]
 GEMM_MODES = ("exact", "fast", "pallas")
@@ -89,6 +91,23 @@ def pallas_rtn_quantize(x: jax.Array) -> NVFP4Tensor | None:
   if kernels is None or not kernels.can_use_pallas_quantizer(x.shape, x.dtype):
     return None
   return kernels.quantize_nvfp4_rtn(x)
+
+
+def pallas_rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
+                           axis: int) -> NVFP4Tensor | None:
+  """The fused Pallas backward quantizer (RHT-16 + double-block scales + SR in
+  one pass) where it runs (Hopper, supported shape), else None.
+
+  Same transform and scales as quantize_nvfp4(random_hadamard_16(x, rht_key,
+  axis=axis), rounding="stochastic"); the rounding draws come from the
+  kernel's own counter-based generator seeded from sr_key, not from
+  jax.random, so the codes are an equally distributed, different sample.
+  """
+  kernels = _pallas_kernels()
+  if kernels is None or not kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis):
+    return None
+  seed = jax.random.bits(sr_key, (), jnp.uint32)
+  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), seed, axis=axis)
 
 
 def gemm_nt(a: Operand, b: Operand, *, mode: GemmMode = "fast", out_dtype=jnp.bfloat16) -> jax.Array:

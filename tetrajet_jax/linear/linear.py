@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tetrajet_jax.linear import recipes as recipes_lib
-from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode, gemm_nt, pallas_rtn_quantize
+from tetrajet_jax.linear.gemm import (GemmMode, check_gemm_mode, gemm_nt, pallas_rht_sr_quantize,
+                                      pallas_rtn_quantize)
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
@@ -73,6 +74,21 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
   return quantize_nvfp4(
       x, axis=axis, rounding=cfg.rounding, key=keys.q[i - 1] if cfg.rounding == "stochastic" else None,
       scaling=recipe.scaling, block_2d=weight and recipe.weight_block_2d)
+
+
+def _quantize_rht(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, rht_key: jax.Array, rht: bool, *,
+                  axis: int, weight: bool = False, gemm: GemmMode = "fast") -> NVFP4Tensor | jax.Array:
+  """Q(i)(RHT(x)) along `axis` (RHT only if `rht`): with gemm="pallas", the
+  fused kernel does transform, scales and stochastic rounding in one pass
+  where it runs; elsewhere the XLA transform then quantize_nvfp4."""
+  cfg = recipe.quantizers[i - 1]
+  block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
+  if gemm == "pallas" and rht and cfg.enabled and cfg.rounding == "stochastic" and block_1d and x.ndim == 2:
+    fused = pallas_rht_sr_quantize(x, rht_key, keys.q[i - 1], axis=axis)
+    if fused is not None:
+      return fused
+  return _quantize(_rht(x.astype(jnp.float32), rht_key, rht, axis), i, recipe, keys, axis=axis, weight=weight,
+                   gemm=gemm)
 
 
 def _values(op: NVFP4Tensor | jax.Array) -> jax.Array:
@@ -121,17 +137,16 @@ def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
   if not recipe.aligned_backward:
     # Non-aligned (NVIDIA): Q6 quantizes the high-precision X; doing it now
     # means the residual is 4.5-bit X^T instead of a bf16 copy of X.
-    q6_pre = _wgrad_x_operand(x_fp4, recipe, keys)
+    q6_pre = _wgrad_x_operand(x_fp4, recipe, keys, gemm)
   res = _Residuals(x_fwd=xq if recipe.aligned_backward else None, x_out=x_out, q6_pre=q6_pre,
                    kernel=kernel, key=key, outlier_idx=outlier_idx, x_dtype=jnp.zeros((0,), x.dtype))
   return y.astype(recipe.out_dtype), res
 
 
-def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
+def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys, gemm: GemmMode):
   """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw."""
   xp = pad_axis_to_multiple(x_src.astype(jnp.float32), 0, OUTER_BLOCK)  # [Mp, K']
-  xp = _rht(xp, keys.rht_dw, recipe.rht_wgrad, axis=0)
-  return _quantize(xp, 6, recipe, keys, axis=0)  # canonical [K', Mp]
+  return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)  # canonical [K', Mp]
 
 
 def _w_hat(kernel: jax.Array, outlier_idx, recipe: Recipe, keys: _Keys) -> jax.Array:
@@ -150,21 +165,22 @@ def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
   k, n = kernel.shape
   m = dy.shape[0]
   keys = _split_keys(res.key, recipe)
+  dy_in = dy  # kept in its dtype (bf16) for the fused quantizer: half the bytes, same values
   dy = dy.astype(jnp.float32)  # [M, N]
 
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
   w_src = _w_hat(kernel, outlier_idx, recipe, keys) if recipe.aligned_backward else kernel
-  a3 = _quantize(_rht(dy, keys.rht_dx, recipe.rht_dgrad, axis=-1), 3, recipe, keys, axis=-1)  # [M, Np]
-  b4 = _quantize(_rht(w_src, keys.rht_dx, recipe.rht_dgrad, axis=-1), 4, recipe, keys, axis=-1,
-                 weight=True)  # [K, Np]
+  a3 = _quantize_rht(dy_in, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, gemm=gemm)  # [M, Np]
+  b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True,
+                     gemm=gemm)  # [K, Np]
   dx = gemm_nt(a3, b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
 
   # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
-  dyp = pad_axis_to_multiple(dy, 0, OUTER_BLOCK)  # [Mp, N]
-  a5 = _quantize(_rht(dyp, keys.rht_dw, recipe.rht_wgrad, axis=0), 5, recipe, keys, axis=0)  # [N, Mp]
+  dyp = pad_axis_to_multiple(dy_in, 0, OUTER_BLOCK)  # [Mp, N]
+  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)  # [N, Mp]
   if recipe.aligned_backward:
     x_hat = _values(res.x_fwd)[:m]  # [M, K'] (block scaling: K' is a multiple of 128, no crop)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm)
   else:
     b6 = res.q6_pre
   dw_fp4 = gemm_nt(b6, a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]

@@ -1,0 +1,135 @@
+"""GPU-only: the GPU computes the same quantization as the CPU, stage by stage.
+
+The CPU results are checked against the independent NumPy reference by the
+rest of the suite; these tests pin the GPU to the CPU inside one process (the
+GPU machine has both backends), so a GPU-only discrepancy (a division lowered
+to an approximate instruction, a cast round trip dropped by a fusion, TF32 in a
+matmul) shows up at the first stage where it happens, with a count of the
+differing elements, instead of as a vague end-to-end error.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tetrajet_jax as tj
+from tetrajet_jax.numerics import dequantize, quantize_nvfp4, random_hadamard_16
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(fn, args, device):
+  with jax.default_device(device):
+    out = jax.jit(fn)(*[jax.device_put(a, device) for a in args])
+  return jax.tree.map(np.asarray, out)
+
+
+def gpu_and_cpu(fn, *args):
+  """fn jitted on the default GPU and on the host CPU, as NumPy pytrees."""
+  return _run(fn, args, jax.devices("gpu")[0]), _run(fn, args, jax.devices("cpu")[0])
+
+
+def assert_bitwise(gpu, cpu, what: str):
+  for i, (g, c) in enumerate(zip(jax.tree.leaves(gpu), jax.tree.leaves(cpu))):
+    g = np.asarray(g)
+    c = np.asarray(c)
+    gb = g.view(np.uint8) if g.dtype.itemsize == 1 else g.view(f"u{g.dtype.itemsize}")
+    cb = c.view(np.uint8) if c.dtype.itemsize == 1 else c.view(f"u{c.dtype.itemsize}")
+    bad = gb != cb
+    assert not bad.any(), (f"{what}, leaf {i} ({g.dtype}{list(g.shape)}): {int(bad.sum())} of {bad.size} "
+                           f"elements differ; first at {np.argwhere(bad)[0].tolist()}: gpu "
+                           f"{g[tuple(np.argwhere(bad)[0])]!r} cpu {c[tuple(np.argwhere(bad)[0])]!r}")
+
+
+@pytest.fixture
+def data(rng):
+  m, k, n = 200, 128, 256
+  return {"x": rng.standard_normal((m, k)).astype(np.float32),
+          "w": (rng.standard_normal((k, n)) * 0.05).astype(np.float32),
+          "dy": np.asarray(jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16).astype(jnp.float32))}
+
+
+def _pad_rows(a: np.ndarray) -> np.ndarray:
+  return np.pad(a, [(0, -a.shape[0] % 128), (0, 0)])
+
+
+def _leaves(t):
+  return (t.codes, t.scale_inner.view(jnp.uint8), t.scale_outer)
+
+
+def test_rht_bitwise(data, key):
+  g, c = gpu_and_cpu(lambda a: random_hadamard_16(a, key, axis=-1), data["dy"])
+  assert_bitwise(g, c, "random_hadamard_16 along the last axis")
+  g, c = gpu_and_cpu(lambda a: random_hadamard_16(a, key, axis=0), _pad_rows(data["x"]))
+  assert_bitwise(g, c, "random_hadamard_16 along axis 0")
+
+
+def test_random_bits_bitwise(key):
+  g, c = gpu_and_cpu(lambda: jax.random.uniform(key, (200, 256), jnp.float32))
+  assert_bitwise(g, c, "jax.random.uniform")
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_rtn_quantizer_bitwise(data, axis):
+  g, c = gpu_and_cpu(lambda a: _leaves(quantize_nvfp4(a, axis=axis)), data["x"])
+  assert_bitwise(g, c, f"quantize_nvfp4 RTN axis={axis}")
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_sr_quantizer_bitwise(data, key, axis):
+  fn = lambda a: _leaves(quantize_nvfp4(random_hadamard_16(a, key, axis=axis), axis=axis,
+                                        rounding="stochastic", key=key))
+  g, c = gpu_and_cpu(fn, _pad_rows(data["dy"]))  # tokens padded to 128 as the layer does
+  assert_bitwise(g, c, f"quantize_nvfp4 RHT+SR axis={axis}")
+
+
+def test_dequantize_bitwise(data):
+  fn = lambda a: dequantize(quantize_nvfp4(a, axis=0))
+  g, c = gpu_and_cpu(fn, data["w"])
+  assert_bitwise(g, c, "dequantize(quantize(W)) along K")
+
+
+@pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
+def test_linear_grads_match(data, key, recipe):
+  """Quantized operands agree bitwise (above); the GEMMs differ only in FP32
+  accumulation order (cuBLAS vs Eigen), so the products agree to ~1e-6."""
+
+  def grads(x, w, dy):
+    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm="exact"), x, w)
+    return (y, *vjp(dy.astype(y.dtype)))
+
+  g, c = gpu_and_cpu(grads, data["x"], data["w"], data["dy"])
+  for name, a, b in zip(("y", "dx", "dw"), g, c):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    err = np.linalg.norm(a - b) / np.linalg.norm(b)
+    tol = 4e-3 if name == "y" else 1e-5  # y is bf16 (one rounding of an ~1e-7-off FP32 sum may move an ulp)
+    assert err < tol, f"{recipe} {name}: GPU vs CPU relative error {err:.3g} (bound {tol:g})"
+
+
+def test_backward_operands_bitwise(data, key):
+  """The four backward operands Q3..Q6 of the layer, as its backward builds them."""
+  lin = importlib.import_module("tetrajet_jax.linear.linear")  # the module (the package re-exports `linear`)
+
+  recipe = lin.recipes_lib.get("tetrajet_v2")
+
+  def operands(x, w, dy):
+    keys = lin._split_keys(key, recipe)  # pylint: disable=protected-access
+    w_hat = lin._w_hat(w, None, recipe, keys)  # pylint: disable=protected-access
+    a3 = lin._quantize(lin._rht(dy, keys.rht_dx, True, -1), 3, recipe, keys, axis=-1)  # pylint: disable=protected-access
+    b4 = lin._quantize(lin._rht(w_hat, keys.rht_dx, True, -1), 4, recipe, keys, axis=-1, weight=True)  # pylint: disable=protected-access
+    dyp = jnp.pad(dy, [(0, -dy.shape[0] % 128), (0, 0)])
+    a5 = lin._quantize(lin._rht(dyp, keys.rht_dw, True, 0), 5, recipe, keys, axis=0)  # pylint: disable=protected-access
+    x_hat = lin._values(lin._quantize(x, 1, recipe, keys, axis=-1))[: x.shape[0]]  # pylint: disable=protected-access
+    b6 = lin._wgrad_x_operand(x_hat, recipe, keys)  # pylint: disable=protected-access
+    return {"w_hat": w_hat, "x_hat": x_hat, "a3": _leaves(a3), "b4": _leaves(b4), "a5": _leaves(a5),
+            "b6": _leaves(b6)}
+
+  g, c = gpu_and_cpu(operands, data["x"], data["w"], data["dy"])
+  for name in g:
+    assert_bitwise(g[name], c[name], f"backward operand {name}")
