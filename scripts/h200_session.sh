@@ -7,24 +7,18 @@
 #   3. Pallas kernel benchmark (pallas_kernels.bench);
 #   4. 20m training throughput per arm (experiments.ablation, XLA path).
 # Run from the repo root through the device tool, carrying .bundle and .whl:
-#   bash scripts/h200_session.sh            (writes logs/JSON under $OUT)
+#   bash scripts/h200_session.sh
+# Logs and JSON go to /tmp/h200; $OUT (at most 8 files come back) gets
+# session.log, kernels_bench.json and everything packed in h200_session.tgz.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
-OUT="${OUT:-results/h200}"
-mkdir -p "$OUT"
+RETURN="${OUT:-results/h200}"
+OUT=/tmp/h200
+mkdir -p "$OUT" "$RETURN"
 LOG="$OUT/session.log"
 STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
-# Packages the GPU image lacks travel as wheels (.bundle/wheels: grain and
-# its deps; .whl: test and logging deps; .whl/mpl: plotting, if missing).
-wheels=(.bundle/wheels/*.whl .whl/*.whl)
-python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
-export PYTHONPATH="$PWD:/tmp/site"
-nvidia-smi -L | tee -a "$LOG"
-python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$LOG"
+source scripts/device_env.sh
 
 stage() {  # stage NAME LIMIT_S CMD...
   local name=$1 limit=$2; shift 2
@@ -48,5 +42,9 @@ stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 
   --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
   --keep-checkpoints 0 --no-progress --no-compile-cache
 cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
+for f in /tmp/throughput/*/final.json; do [ -f "$f" ] && cp "$f" "$OUT/throughput_$(basename "$(dirname "$f")").json"; done
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20
 for f in "$OUT"/bench_linear.log "$OUT"/throughput_results.md; do [ -f "$f" ] && tail -n 25 "$f"; done
+tar -czf "$RETURN/h200_session.tgz" -C "$OUT" .
+cp "$LOG" "$RETURN/"
+[ -f "$OUT/kernels_bench.json" ] && cp "$OUT/kernels_bench.json" "$RETURN/"

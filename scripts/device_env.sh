@@ -1,0 +1,12 @@
+# Sourced by the device scripts (scripts/h200_*.sh): installs the packages the
+# GPU image lacks from carried wheels (.bundle/wheels: grain and its deps;
+# .whl: test and logging deps; .whl/mpl: plotting, if missing) into /tmp/site
+# and puts the repo and /tmp/site on PYTHONPATH. Needs $LOG.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+wheels=(.bundle/wheels/*.whl .whl/*.whl)
+python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
+export PYTHONPATH="$PWD:/tmp/site"
+nvidia-smi -L | tee -a "$LOG"
+python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$LOG"
