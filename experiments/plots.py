@@ -1,4 +1,4 @@
-"""Plots of an ablation run from its metrics files (matplotlib, PNG).
+"""Plots of an ablation run from its metrics files (matplotlib, PNG); experiments/report.py reuses them.
 
 ``python -m experiments.plots RESULTS_DIR`` redraws them from
 ``RESULTS_DIR/<arm>/metrics.jsonl``.
@@ -19,13 +19,24 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 from tetrajet_jax.train.metrics import read_jsonl  # pylint: disable=wrong-import-position
 
+# The training loss is smoothed over about this many points per curve.
+SMOOTHING_POINTS = 50
+# "Late training" starts at this fraction of the last step (the zoomed panel;
+# experiments/report.py measures the late rebound over the same range).
+LATE_START = 2 / 3
 
-def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   pts = [(r["step"], r[key]) for r in records if key in r and not math.isnan(r[key])]
   if not pts:
     return np.zeros(0), np.zeros(0)
   s, v = zip(*pts)
   return np.asarray(s, float), np.asarray(v, float)
+
+
+def smoothing_window(num_points: int) -> int:
+  """Moving-average window for a curve of ``num_points`` training-loss points."""
+  return max(1, num_points // SMOOTHING_POINTS)
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -48,34 +59,37 @@ def load_runs(results_dir: Path, arms: list[str] | None = None) -> dict[str, lis
   return runs
 
 
-def plot_loss(runs: dict[str, list[dict]], path: Path) -> Path:
+def smoothed_train_loss(records: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+  """Steps, raw values, trailing moving average and its window of ``train/loss``."""
+  s, v = series(records, "train/loss")
+  window = smoothing_window(s.size)
+  return s, v, smooth(v, window), window
+
+
+def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss") -> Path:
   """Train loss (smoothed) and validation loss; right panel zooms on the last third."""
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   last_step = 0
   for i, (arm, recs) in enumerate(runs.items()):
-    s, v = _series(recs, "train/loss")
+    s, _, sv, _ = smoothed_train_loss(recs)
     if s.size == 0:
       continue
     last_step = max(last_step, s.max())
-    window = max(1, s.size // 50)
-    vs, vv = _series(recs, "val/loss")
+    vs, vv = series(recs, "val/loss")
     for ax in axes:
-      ax.plot(s, smooth(v, window), color=colors[i % len(colors)], lw=1.2, label=f"{arm} train")
+      ax.plot(s, sv, color=colors[i % len(colors)], lw=1.2, label=f"{arm} train")
       if vs.size:
         ax.plot(vs, vv, "o--", color=colors[i % len(colors)], ms=4, lw=0.8, label=f"{arm} val")
-  axes[0].set_title("loss")
+  axes[0].set_title(title)
   axes[1].set_title("last third (zoom)")
-  lo = last_step * 2 / 3
+  lo = last_step * LATE_START
   axes[1].set_xlim(lo, last_step * 1.01 + 1)
   ys = []
   for recs in runs.values():
-    for key in ("train/loss", "val/loss"):
-      s, v = _series(recs, key)
-      if s.size:
-        window = max(1, s.size // 50) if key == "train/loss" else 1
-        sv = smooth(v, window)
-        ys += list(sv[s >= lo])
+    s, _, sv, _ = smoothed_train_loss(recs)
+    vs, vv = series(recs, "val/loss")
+    ys += list(sv[s >= lo]) + list(vv[vs >= lo])
   if ys:
     pad = 0.05 * (max(ys) - min(ys) + 1e-6)
     axes[1].set_ylim(min(ys) - pad, max(ys) + pad)
@@ -92,14 +106,14 @@ def plot_loss(runs: dict[str, list[dict]], path: Path) -> Path:
 
 def plot_oscillation(runs: dict[str, list[dict]], path: Path) -> Path | None:
   """Fraction of FP4 weights with R >= tau per window, and of weights reset."""
-  have = {a: r for a, r in runs.items() if _series(r, "osci/risk_frac")[0].size}
+  have = {a: r for a, r in runs.items() if series(r, "osci/risk_frac")[0].size}
   if not have:
     return None
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
   for arm, recs in have.items():
-    s, v = _series(recs, "osci/risk_frac")
+    s, v = series(recs, "osci/risk_frac")
     axes[0].step(s, v, where="post", label=arm)
-    s, v = _series(recs, "osci/reset_frac")
+    s, v = series(recs, "osci/reset_frac")
     if s.size:
       axes[1].step(s, v, where="post", label=arm)
   axes[0].set_title("oscillating weights (R >= tau at the end of each window)")

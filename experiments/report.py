@@ -1,0 +1,679 @@
+"""docs/RESULTS.md, regenerated from the committed raw ablation metrics.
+
+Why a generator: a results page typed by hand drifts from the measurements
+and invites numbers nobody can trace. This module reads only the raw files
+of the ablation's results folders (`experiments/ablation.py`) that are
+committed under ``experiments/results/h200_20m/`` and writes every number of
+RESULTS.md, and its figures, from them. The only numbers it does not read
+from those files are the paper's reference figures (the ``PAPER_*``
+constants). The Discussion's statements come from explicit rules
+(`loss_verdict`, `rebound_verdict`, ...) that weigh each difference between
+arms against the seed-to-seed difference of the same arm, because a single
+small run cannot tell apart effects smaller than that.
+
+    python -m experiments.report                      # the defaults below
+    python -m experiments.report --runs SEED0_DIR SEED1_DIR --out docs/RESULTS.md --figures docs/results
+
+The first ``--runs`` folder is the reference (seed 0, all six arms; gap
+closure is computed within it); the others repeat some arms with another
+seed and give the seed-noise figure. Files read per folder::
+
+    run.json                shared settings (seed, data seed, data)
+    <arm>/config.json       the arm's config and derived schedule windows
+    <arm>/metrics.jsonl     per-step metrics (train/loss, val/*, osci/*)
+    <arm>/final.json        final validation, downstream accuracy, tokens/s
+    provenance.json         optional: {"commit", "device", "command", "wall_s", "date"} or a list of them
+
+A missing folder, arm or file gives "n/a" and is named in the page, never a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import plots
+from experiments.ablation import _fmt as fmt  # the runner's n/a-aware number format
+from experiments.ablation import comparison
+from tetrajet_jax.train.arms import ARMS
+from tetrajet_jax.train.metrics import read_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUNS = (REPO_ROOT / "experiments/results/h200_20m/seed0", REPO_ROOT / "experiments/results/h200_20m/seed1")
+DEFAULT_OUT = REPO_ROOT / "docs/RESULTS.md"
+DEFAULT_FIGURES = REPO_ROOT / "docs/results"
+
+# Arms the reference folder should hold, and the arms repeated with another seed.
+ABLATION_ARMS = tuple(ARMS)
+SEED_NOISE_ARMS = ("bf16", "tetrajet_v2_full")
+# A difference counts as resolved when it exceeds this many seed-to-seed
+# differences (one pair of seeds: a rough margin, not a significance test).
+NOISE_MARGIN = 2.0
+
+# The paper's reference figures: TetraJet-v2, Chen et al., arXiv 2510.27527
+# (summarised in ../shared/spec/TETRAJET_V2.md, section 6).
+PAPER = "TetraJet-v2 (Chen et al., arXiv 2510.27527)"
+PAPER_MODEL = "370M"
+PAPER_PPL = {"bf16": 23.70, "tetrajet_v2_full": 25.11, "nvidia_nvfp4": 26.20}  # at PAPER_MODEL
+PAPER_MEAN_GAP_CLOSURE = 0.513  # TetraJet-v2 full, average over the paper's models
+PAPER_SPEEDUP_RTX5090_VS_FP8 = 1.67  # end to end, on FP4 tensor cores (the H200 has none)
+
+# Method comparisons of the seed-0 folder beyond "each arm vs bf16": (arm, baseline).
+METHOD_COMPARISONS = (("tetrajet_v2", "nvidia_nvfp4"), ("tetrajet_v2_full", "nvidia_nvfp4"),
+                      ("tetrajet_v2_outcontrol", "tetrajet_v2"), ("tetrajet_v2_oscireset", "tetrajet_v2"),
+                      ("tetrajet_v2_full", "tetrajet_v2_oscireset"), ("tetrajet_v2_full", "tetrajet_v2"))
+
+WHAT_WOULD_TELL = (
+    "What would be needed to tell: the paper measures its gaps between recipes on larger models trained on "
+    "far more tokens than a small ablation, where FP4 rounding error accumulates over a long "
+    "low-learning-rate tail and OsciReset has many rounds to act. Claims left unresolved above need (1) a "
+    "bigger model (the paper's smallest size or more), (2) more tokens per parameter, so that a late-training "
+    "rebound has room to appear, and (3) more seeds per arm (at least three, for every arm, not just bf16 and "
+    "the full method) to turn the single seed difference above into a standard deviation and a confidence "
+    "interval.")
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def _read_json(path: Path) -> Any | None:
+  return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmRun:
+  """The raw files of one arm (any of them may be missing)."""
+
+  name: str
+  config: dict | None = None
+  final: dict | None = None
+  records: list[dict] = dataclasses.field(default_factory=list)
+
+  @property
+  def status(self) -> str:
+    if self.final is not None:
+      return self.final.get("status", "?")
+    return "unfinished" if self.config is not None or self.records else "missing"
+
+  @property
+  def completed(self) -> bool:
+    return self.status == "completed"
+
+  def val(self, key: str) -> float | None:
+    return self.final["val"][key] if self.completed else None
+
+  @property
+  def tokens_per_s(self) -> float | None:
+    return self.final.get("tokens_per_s") if self.completed else None
+
+  @property
+  def downstream(self) -> dict[str, dict]:
+    return self.final.get("downstream", {}) if self.completed else {}
+
+  @property
+  def train(self) -> dict:
+    return (self.config or {}).get("train", {})
+
+  @property
+  def derived(self) -> dict:
+    return (self.config or {}).get("derived", {})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+  """One results folder: shared settings, arms, device provenance."""
+
+  path: Path
+  expected_arms: tuple[str, ...]
+  run: dict | None
+  arms: dict[str, ArmRun]
+  provenance: list[dict] | None
+
+  @property
+  def exists(self) -> bool:
+    return self.path.is_dir()
+
+  @property
+  def seed(self) -> int | None:
+    return (self.run or {}).get("train", {}).get("seed")
+
+  @property
+  def data_seed(self) -> int | None:
+    return (self.run or {}).get("train", {}).get("data_seed")
+
+  @property
+  def label(self) -> str:
+    return f"seed {self.seed}" if self.seed is not None else self.path.name
+
+  def arm(self, name: str) -> ArmRun:
+    return self.arms.get(name, ArmRun(name))
+
+  @property
+  def missing_arms(self) -> list[str]:
+    return [a for a in self.expected_arms if not self.arm(a).completed]
+
+  @property
+  def listed_arms(self) -> list[str]:
+    """Expected arms and any others present, in the runner's arm order."""
+    names = set(self.expected_arms) | set(self.arms)
+    return sorted(names, key=lambda a: (list(ARMS).index(a) if a in ARMS else len(ARMS), a))
+
+
+def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
+  arms = {}
+  if path.is_dir():
+    for d in sorted(p for p in path.iterdir() if p.is_dir()):
+      files = [d / n for n in ("config.json", "final.json", "metrics.jsonl")]
+      if any(f.is_file() for f in files):
+        arms[d.name] = ArmRun(d.name, config=_read_json(files[0]), final=_read_json(files[1]),
+                              records=read_jsonl(files[2]) if files[2].is_file() else [])
+  provenance = _read_json(path / "provenance.json")
+  if isinstance(provenance, dict):
+    provenance = [provenance]
+  return RunFolder(path=path, expected_arms=expected_arms, run=_read_json(path / "run.json"), arms=arms,
+                   provenance=provenance)
+
+
+def load_folders(paths: list[Path]) -> list[RunFolder]:
+  """The first folder is the reference (all ablation arms); the others repeat the seed-noise arms."""
+  return [load_folder(p, ABLATION_ARMS if i == 0 else SEED_NOISE_ARMS) for i, p in enumerate(paths)]
+
+
+# ---- numbers ---------------------------------------------------------------------------------
+
+def gap_closure(ppl_arm: float | None, ppl_nvidia: float | None, ppl_bf16: float | None) -> float | None:
+  """(PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16); None without a positive gap."""
+  if None in (ppl_arm, ppl_nvidia, ppl_bf16) or ppl_nvidia <= ppl_bf16:
+    return None
+  return (ppl_nvidia - ppl_arm) / (ppl_nvidia - ppl_bf16)
+
+
+def loss_delta(folder: RunFolder, arm: str, baseline: str) -> float | None:
+  a, b = folder.arm(arm).val("loss"), folder.arm(baseline).val("loss")
+  return None if a is None or b is None else a - b
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedDifference:
+  """One arm trained with two seeds: other seed minus reference seed."""
+
+  arm: str
+  reference: RunFolder
+  other: RunFolder
+
+  @property
+  def loss(self) -> float:
+    return self.other.arm(self.arm).val("loss") - self.reference.arm(self.arm).val("loss")
+
+  @property
+  def ppl(self) -> float:
+    return self.other.arm(self.arm).val("ppl") - self.reference.arm(self.arm).val("ppl")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedNoise:
+  """The seed-to-seed differences and the noise figure the Discussion uses (their largest |value|)."""
+
+  differences: list[SeedDifference]
+  notes: list[str]
+
+  @property
+  def loss(self) -> float | None:
+    return max((abs(d.loss) for d in self.differences), default=None)
+
+  @property
+  def ppl(self) -> float | None:
+    return max((abs(d.ppl) for d in self.differences), default=None)
+
+
+def seed_noise(folders: list[RunFolder]) -> SeedNoise:
+  reference, diffs, notes = folders[0], [], []
+  if len(folders) < 2:
+    notes.append("no second results folder given: no seed-noise figure.")
+  for other in folders[1:]:
+    if not other.exists:
+      notes.append(f"`{display(other.path)}` not found: seed noise from it is n/a.")
+      continue
+    if other.seed is not None and other.seed == reference.seed:
+      notes.append(f"`{display(other.path)}` has the same seed as the reference ({other.seed}): not a seed "
+                   "difference, left out.")
+      continue
+    for arm in SEED_NOISE_ARMS:
+      if reference.arm(arm).completed and other.arm(arm).completed:
+        diffs.append(SeedDifference(arm, reference, other))
+      else:
+        notes.append(f"{arm}: not completed in both {reference.label} and {other.label}: n/a.")
+  return SeedNoise(diffs, notes)
+
+
+def in_units(value: float | None, unit: float | None) -> str:
+  """``value`` in units of ``unit`` (e.g. a loss difference in seed-to-seed differences)."""
+  if value is None or unit is None or unit == 0:
+    return "n/a"
+  return f"{value / unit:+.1f}x"
+
+
+def loss_verdict(delta: float | None, noise: float | None) -> str:
+  """The rule for "the arm has a lower validation loss than its baseline" (delta = arm - baseline)."""
+  if delta is None:
+    return "n/a (arm missing)"
+  if noise is None:
+    direction = "points that way" if delta < 0 else "points the other way"
+    return f"{direction} in one seed; no seed-noise figure to judge it"
+  if abs(delta) <= NOISE_MARGIN * noise:
+    return f"not resolved at this scale (|Δloss| within {NOISE_MARGIN:g}x the seed-to-seed difference)"
+  return "holds at this scale" if delta < 0 else "does not hold at this scale (the reverse is resolved)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebound:
+  """Late-training rebound of the smoothed training loss (over the last third)."""
+
+  min_step: float
+  min_loss: float
+  final_loss: float
+  smoothing_error: float  # std of raw loss around the smoothed curve / sqrt(window)
+
+  @property
+  def rebound(self) -> float:
+    return self.final_loss - self.min_loss
+
+
+def late_rebound(records: list[dict]) -> Rebound | None:
+  steps, raw, smoothed, window = plots.smoothed_train_loss(records)
+  if steps.size == 0:
+    return None
+  late = steps >= steps.max() * plots.LATE_START
+  if late.sum() < 2:
+    return None
+  i = int(np.argmin(np.where(late, smoothed, np.inf)))
+  error = float(np.std(raw[late] - smoothed[late]) / math.sqrt(window))
+  return Rebound(min_step=float(steps[i]), min_loss=float(smoothed[i]), final_loss=float(smoothed[-1]),
+                 smoothing_error=error)
+
+
+def rebound_verdict(without: Rebound | None, with_reset: Rebound | None) -> str:
+  """The rule for "without OsciReset the loss rebounds late, and OsciReset removes it"."""
+  if without is None or with_reset is None:
+    return "n/a (arm or training loss missing)"
+  if without.rebound <= NOISE_MARGIN * without.smoothing_error:
+    return (f"not observed at this scale (rebound within {NOISE_MARGIN:g}x the smoothed curve's own noise)")
+  combined = math.hypot(without.smoothing_error, with_reset.smoothing_error)
+  if without.rebound - with_reset.rebound > NOISE_MARGIN * combined:
+    return "holds at this scale (one seed)"
+  return (f"a rebound is seen without OsciReset, but OsciReset's is not smaller by more than "
+          f"{NOISE_MARGIN:g}x the curves' noise: not resolved")
+
+
+def late_mean(records: list[dict], key: str) -> float | None:
+  """Time average of a metric over the last third of training."""
+  s, v = plots.series(records, key)
+  if s.size == 0:
+    return None
+  return float(v[s >= s.max() * plots.LATE_START].mean())
+
+
+# ---- markdown --------------------------------------------------------------------------------
+
+def display(path: Path) -> str:
+  """A path as written in the page: relative to the repository when inside it."""
+  try:
+    return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+  except ValueError:
+    return str(path)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+  return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+          + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _percent(v: float | None, spec: str = ".1f") -> str:
+  return fmt(None if v is None else 100 * v, spec) + ("%" if v is not None else "")
+
+
+def _times(v: float | None) -> str:
+  return fmt(v, ".2f") + ("x" if v is not None else "")
+
+
+def _span(values: list[int]) -> str:
+  lo, hi = min(values), max(values)
+  return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+
+
+def _tasks(folders: list[RunFolder]) -> list[str]:
+  """Downstream tasks in the order the runner wrote them, over all folders."""
+  tasks: list[str] = []
+  for folder in folders:
+    for arm in folder.arms.values():
+      tasks += [t for t in arm.downstream if t not in tasks]
+  return tasks
+
+
+def _num_docs(arms: list[ArmRun]) -> list[int]:
+  return [task["num_docs"] for arm in arms for task in arm.downstream.values()]
+
+
+def accuracy_standard_error(num_docs: int) -> float:
+  """Binomial standard error of one task's accuracy at its worst (p = 0.5)."""
+  return math.sqrt(0.25 / num_docs)
+
+
+def header_section(command: str, folders: list[RunFolder]) -> list[str]:
+  ref = folders[0]
+  lines = ["# Results: the NVFP4 training ablation", "",
+           f"<!-- GENERATED FILE: do not edit by hand. Regenerate with `{command}` (experiments/report.py). -->",
+           "",
+           f"Generated by `{command}` from the raw files of "
+           + ", ".join(f"`{display(f.path)}`" for f in folders)
+           + "; every number below is computed from them, except the paper's reference figures, from "
+           f"{PAPER}. Do not edit by hand: change `experiments/report.py` or the raw files and re-run.", ""]
+  missing = []
+  for folder in folders:
+    if not folder.exists:
+      missing.append(f"{folder.label} folder `{display(folder.path)}` not found (all its numbers are n/a)")
+    elif folder.missing_arms:
+      missing.append(f"{folder.label}: {', '.join(folder.missing_arms)} missing or not completed")
+  lines.append("Missing: " + ("; ".join(missing) + "." if missing else "nothing (every expected arm completed)."))
+  lines.append("")
+  if ref.exists:
+    cfg = next((a for a in ref.arms.values() if a.config), ArmRun("")).config or {}
+    derived = cfg.get("derived", {})
+    lines.append(f"Model `{cfg.get('model', {}).get('name', 'n/a')}`, "
+                 f"{fmt(derived.get('total_tokens'), ',')} training tokens per arm; "
+                 f"reference folder {ref.label}.")
+    lines.append("")
+  return lines
+
+
+def provenance_section(folders: list[RunFolder]) -> list[str]:
+  lines = ["## Provenance", ""]
+  for folder in folders:
+    lines += [f"### {folder.label}: `{display(folder.path)}`", ""]
+    if not folder.exists:
+      lines += ["Folder not found: n/a.", ""]
+      continue
+    run = folder.run or {}
+    train = run.get("train", {})
+    lines.append(f"- run.json: seed {fmt(train.get('seed'), 'd')}, data seed {fmt(train.get('data_seed'), 'd')}, "
+                 f"data `{run.get('data', 'n/a')}`" if folder.run else "- run.json: not found (n/a)")
+    first = next((folder.arm(a) for a in folder.listed_arms if folder.arm(a).config), None)
+    if first is not None:
+      model, derived, cfg = first.config.get("model", {}), first.derived, first.train
+      params = derived.get("param_counts", {})
+      total_tokens, non_embedding = derived.get("total_tokens"), params.get("non_embedding")
+      per_param = total_tokens / non_embedding if total_tokens and non_embedding else None
+      lines.append(f"- model `{model.get('name', 'n/a')}`: {fmt(model.get('num_layers'), 'd')} layers, "
+                   f"d_model {fmt(model.get('d_model'), 'd')}, {fmt(non_embedding, ',')} non-embedding / "
+                   f"{fmt(params.get('total'), ',')} total parameters, vocabulary "
+                   f"{fmt(model.get('vocab_size'), ',')}")
+      lines.append(f"- schedule: {fmt(cfg.get('total_steps'), ',')} steps x {fmt(derived.get('tokens_per_step'), ',')} "
+                   f"tokens per step ({fmt(cfg.get('batch_size'), 'd')} x {fmt(cfg.get('seq_len'), 'd')}) = "
+                   f"{fmt(total_tokens, ',')} tokens per arm ({fmt(per_param, '.3g')} tokens per non-embedding "
+                   f"parameter); warmup {fmt(cfg.get('warmup_steps'), ',')} steps, peak LR "
+                   f"{fmt(cfg.get('peak_lr'), 'g')}, cosine to {fmt(cfg.get('final_lr_ratio'), 'g')}x peak; "
+                   f"gemm `{cfg.get('gemm', 'n/a')}`")
+    if folder.provenance:
+      for rec in folder.provenance:
+        lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "
+                     f"date {rec.get('date', 'n/a')}, wall time {fmt(rec.get('wall_s'), ',.0f')} s: "
+                     f"`{rec.get('command', 'n/a')}`")
+    else:
+      lines.append("- device runs (commit, device, command, date, wall time): not recorded (no provenance.json)")
+    lines.append("")
+    rows = []
+    for name in folder.listed_arms:
+      arm = folder.arm(name)
+      osci, calib = arm.derived.get("osci_reset"), arm.derived.get("outcontrol_calibration")
+      final = arm.final or {}
+      rows.append([name, arm.status, fmt(final.get("steps"), ","), fmt(final.get("tokens"), ","),
+                   fmt(arm.train.get("warmup_steps"), ","),
+                   f"{osci['start_step']} / {osci['period']} / {osci['window']} / {osci['threshold']:g}"
+                   if osci else "-",
+                   f"[{calib['start']}, {calib['start'] + calib['length']})" if calib else "-",
+                   fmt(final.get("val", {}).get("tokens"), ",.0f"),
+                   fmt(final.get("wall_s_this_session"), ",.0f")])
+    lines += markdown_table(["arm", "status", "steps", "tokens", "warmup", "OsciReset S / P / T / tau",
+                             "OutControl calibration steps", "final-eval tokens", "wall s (last session)"], rows)
+    lines += ["", "OsciReset S / P / T / tau: first reset step, period, window, threshold (config.json "
+              "`derived.osci_reset`; arms without OsciReset monitor oscillation on the same windows). "
+              "Wall time: final.json `wall_s_this_session` (the last runner session of that arm only).", ""]
+  return lines
+
+
+def main_table_section(folders: list[RunFolder]) -> list[str]:
+  tasks = _tasks(folders)
+  out_header, out_rows = None, []
+  for folder in folders:
+    finals = {a: folder.arm(a).final or {"status": folder.arm(a).status} for a in folder.listed_arms}
+    header, rows, _ = comparison(finals, tasks)
+    bf16_rate = folder.arm("bf16").tokens_per_s
+    for name, row in zip(finals, rows):
+      rate = folder.arm(name).tokens_per_s
+      closure = row[-2] if folder is folders[0] else "n/a"
+      out_rows.append([row[0], folder.label] + row[1:-2]
+                      + [closure, row[-1], _times(rate / bf16_rate if rate and bf16_rate else None)])
+    out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
+  docs = _num_docs([arm for f in folders for arm in f.arms.values()])
+  lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
+  lines.append("Final validation loss (nats/token), perplexity and bits per byte from final.json. Downstream: "
+               "zero-shot accuracy, chance level in parentheses"
+               + (f"; {_span(docs)} questions per task, so one accuracy has a binomial standard "
+                  f"error up to {accuracy_standard_error(min(docs)):.3f}" if docs else "") + ". "
+               f"Gap closure = (PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16), computed within "
+               f"{folders[0].label} only. Tokens/s: median over the training steps (final.json); the ratio is to "
+               "bf16 of the same folder.")
+  return lines + [""]
+
+
+def seed_noise_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
+  ref = folders[0]
+  lines = ["## Seed noise", "",
+           f"The same arm trained with another seed (same data order when the data seeds match) gives the "
+           f"difference that the arm-to-arm differences must exceed. Noise figure used below: the largest "
+           f"|difference| over {', '.join(SEED_NOISE_ARMS)}.", ""]
+  rows = []
+  for d in noise.differences:
+    a, b = d.reference.arm(d.arm), d.other.arm(d.arm)
+    same_data = d.reference.data_seed == d.other.data_seed
+    rows.append([d.arm, f"{d.reference.label} -> {d.other.label}", "same" if same_data else "different",
+                 f"{a.val('loss'):.4f}", f"{b.val('loss'):.4f}", f"{d.loss:+.4f}",
+                 f"{a.val('ppl'):.3f}", f"{b.val('ppl'):.3f}", f"{d.ppl:+.3f}"])
+  if rows:
+    lines += markdown_table(["arm", "seeds", "data order", "val loss A", "val loss B", "Δ loss", "PPL A",
+                             "PPL B", "Δ PPL"], rows) + [""]
+  lines += [f"- {n}" for n in noise.notes]
+  lines += [f"- seed noise: |Δ loss| = {fmt(noise.loss, '.4f')}, |Δ PPL| = {fmt(noise.ppl, '.3f')}", ""]
+  rows = []
+  comparisons = [(a, "bf16") for a in ABLATION_ARMS if a != "bf16"] + list(METHOD_COMPARISONS)
+  for arm, base in comparisons:
+    delta = loss_delta(ref, arm, base)
+    ppl_a, ppl_b = ref.arm(arm).val("ppl"), ref.arm(base).val("ppl")
+    rows.append([f"{arm} - {base}", fmt(delta, "+.4f"),
+                 fmt(None if ppl_a is None or ppl_b is None else ppl_a - ppl_b, "+.3f"),
+                 in_units(delta, noise.loss)])
+  lines += [f"Differences between arms ({ref.label}), next to the seed noise they must exceed:", ""]
+  lines += markdown_table(["arms", "Δ val loss", "Δ PPL", "Δ loss / seed noise"], rows) + [""]
+  return lines
+
+
+def figures_section(folders: list[RunFolder], figures: Path, out: Path) -> list[str]:
+  figures.mkdir(parents=True, exist_ok=True)
+  ref = folders[0]
+  lines = ["## Figures", ""]
+
+  def link(title: str, path: Path | None, missing: str) -> None:
+    if path is None:
+      lines.extend([f"{title}: n/a ({missing}).", ""])
+    else:
+      lines.extend([f"![{title}]({Path(os.path.relpath(path, out.parent)).as_posix()})", ""])
+
+  losses = {a: ref.arm(a).records for a in ref.listed_arms if ref.arm(a).records}
+  link(f"Loss curves, {ref.label}", plots.plot_loss(losses, figures / "loss.png", title=f"loss ({ref.label})")
+       if losses else None, "no metrics.jsonl")
+  lines.extend(["Training loss smoothed by a trailing moving average over about 1/"
+                f"{plots.SMOOTHING_POINTS} of the steps; validation points where the run evaluated "
+                "periodically. Right: the last third.", ""])
+  repeated = [a for a in SEED_NOISE_ARMS if sum(bool(f.arm(a).records) for f in folders) > 1]
+  seeds = {f"{a} ({f.label})": f.arm(a).records for a in repeated for f in folders if f.arm(a).records}
+  link("Seed-to-seed loss curves", plots.plot_loss(seeds, figures / "seeds.png", title="loss, both seeds")
+       if seeds else None, "needs the same arm in two folders")
+  osci = {f"{a} ({'OsciReset' if ref.arm(a).derived.get('osci_reset') else 'no reset, monitored'})":
+          ref.arm(a).records for a in ref.listed_arms if ref.arm(a).records}
+  link("Oscillating weights", plots.plot_oscillation(osci, figures / "oscillation.png"), "no osci/risk_frac "
+       "in any metrics.jsonl")
+  lines.extend(["Left: `osci/risk_frac`, the fraction of FP4 weights with oscillation ratio R >= tau at the end "
+                "of each OsciReset window (arms without OsciReset measure it with the monitor on the same "
+                "windows). Right: `osci/reset_frac`, the fraction reset at the last reset.", ""])
+  return lines
+
+
+def _claim(title: str, verdict: str, detail: str) -> str:
+  return f"- **{title}**: {verdict}. {detail}"
+
+
+def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
+  ref = folders[0]
+  noise_text = f"seed noise {fmt(noise.loss, '.4f')}"
+  lines = ["## Discussion", "",
+           f"Rules: a difference in validation loss between two arms of {ref.label} is called resolved when it "
+           f"exceeds {NOISE_MARGIN:g}x the seed noise (the largest seed-to-seed |Δ loss| above); otherwise the "
+           "claim is not resolved at this scale, whatever its sign. One pair of seeds is one sample of the "
+           "noise, so these are indications, not tests.", ""]
+
+  def loss_claim(title: str, arm: str, base: str) -> str:
+    delta = loss_delta(ref, arm, base)
+    return _claim(title, loss_verdict(delta, noise.loss),
+                  f"Δ val loss {arm} - {base} = {fmt(delta, '+.4f')} (PPL {fmt(ref.arm(arm).val('ppl'), '.3f')} vs "
+                  f"{fmt(ref.arm(base).val('ppl'), '.3f')}), {noise_text}, ratio {in_units(delta, noise.loss)}.")
+
+  lines.append(loss_claim("TetraJet-v2 beats NVIDIA's recipe", "tetrajet_v2", "nvidia_nvfp4"))
+  lines.append(loss_claim("TetraJet-v2 full beats NVIDIA's recipe", "tetrajet_v2_full", "nvidia_nvfp4"))
+
+  ppl = {a: ref.arm(a).val("ppl") for a in ("bf16", "nvidia_nvfp4", "tetrajet_v2_full")}
+  closure = gap_closure(ppl["tetrajet_v2_full"], ppl["nvidia_nvfp4"], ppl["bf16"])
+  paper_closure = gap_closure(PAPER_PPL["tetrajet_v2_full"], PAPER_PPL["nvidia_nvfp4"], PAPER_PPL["bf16"])
+  gap = None if None in (ppl["nvidia_nvfp4"], ppl["bf16"]) else ppl["nvidia_nvfp4"] - ppl["bf16"]
+  closure_noise = noise.ppl / gap if noise.ppl is not None and gap else None
+  if closure is None:
+    verdict = "n/a (needs bf16, nvidia_nvfp4 and tetrajet_v2_full with PPL_nvidia > PPL_bf16)"
+  elif noise.ppl is None:
+    verdict = "no seed-noise figure to compare it with the paper"
+  elif gap <= NOISE_MARGIN * noise.ppl:
+    verdict = (f"not meaningful at this scale: the bf16-NVIDIA gap itself ({gap:.3f} PPL) is within "
+               f"{NOISE_MARGIN:g}x the seed noise ({noise.ppl:.3f} PPL)")
+  elif abs(closure - PAPER_MEAN_GAP_CLOSURE) <= NOISE_MARGIN * closure_noise:
+    verdict = f"consistent with the paper's average within {NOISE_MARGIN:g}x the seed noise"
+  else:
+    side = "above" if closure > PAPER_MEAN_GAP_CLOSURE else "below"
+    verdict = f"{side} the paper's average by more than {NOISE_MARGIN:g}x the seed noise"
+  lines.append(_claim("Gap closure of the full method vs the paper", verdict,
+                      f"Measured {_percent(closure)} ({ref.label}; the seed noise is about "
+                      f"{fmt(None if closure_noise is None else 100 * closure_noise, '.1f')} percentage points of "
+                      f"closure); {PAPER}: {_percent(PAPER_MEAN_GAP_CLOSURE)} on average, "
+                      f"{_percent(paper_closure)} at {PAPER_MODEL} (PPL {PAPER_PPL['bf16']:.2f} bf16, "
+                      f"{PAPER_PPL['tetrajet_v2_full']:.2f} full, {PAPER_PPL['nvidia_nvfp4']:.2f} NVIDIA)."))
+
+  rebounds = {a: late_rebound(ref.arm(a).records) for a in ref.listed_arms}
+  r_without, r_with = rebounds.get("tetrajet_v2"), rebounds.get("tetrajet_v2_oscireset")
+
+  def rebound_text(arm: str) -> str:
+    r = rebounds.get(arm)
+    if r is None:
+      return f"{arm} n/a"
+    return f"{arm} {r.rebound:.4f} (minimum at step {r.min_step:,.0f}, noise {r.smoothing_error:.4f})"
+
+  lines.append(_claim("Without OsciReset the loss rebounds late in training", rebound_verdict(r_without, r_with),
+                      "Rebound = final minus minimum of the smoothed training loss over the last third: "
+                      f"{rebound_text('tetrajet_v2')}, {rebound_text('tetrajet_v2_oscireset')}; control "
+                      f"{rebound_text('bf16')} (a noisy curve's minimum sits below its trend, so small rebounds "
+                      "appear without any effect)."))
+  risk = {a: late_mean(ref.arm(a).records, "osci/risk_frac") for a in ("tetrajet_v2", "tetrajet_v2_oscireset")}
+  if None in risk.values():
+    verdict = "n/a (osci/risk_frac missing)"
+  else:
+    verdict = ("holds in this run" if risk["tetrajet_v2_oscireset"] < risk["tetrajet_v2"]
+               else "does not hold in this run") + " (one seed, no noise figure for this metric)"
+  lines.append(_claim("OsciReset lowers the fraction of oscillating weights", verdict,
+                      f"Mean osci/risk_frac over the last third: tetrajet_v2 {_percent(risk['tetrajet_v2'], '.3f')}, "
+                      f"tetrajet_v2_oscireset {_percent(risk['tetrajet_v2_oscireset'], '.3f')}."))
+  lines.append(loss_claim("OsciReset lowers the validation loss", "tetrajet_v2_oscireset", "tetrajet_v2"))
+  lines.append(loss_claim("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
+  lines.append(loss_claim("OutControl helps on top of OsciReset", "tetrajet_v2_full", "tetrajet_v2_oscireset"))
+
+  rates = {a: ref.arm(a).tokens_per_s for a in ref.listed_arms}
+  devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
+  fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
+  speed = (f"FP4 arms run at {_times(min(fp4))} to {_times(max(fp4))} bf16's tokens/s here" if fp4
+           else "n/a (needs bf16 and an FP4 arm with tokens/s)")
+  lines.append(_claim("Speed", speed,
+                      f"Device: {devices}. Hopper GPUs (H100/H200) have no FP4 tensor cores (FP4 is decoded to "
+                      "bf16 before the MMA), so there this is not comparable with the paper's "
+                      f"{PAPER_SPEEDUP_RTX5090_VS_FP8:g}x end-to-end speedup over FP8 on an RTX 5090."))
+  accs = {a: sum(t["accuracy"] for t in ref.arm(a).downstream.values()) / len(ref.arm(a).downstream)
+          for a in ref.listed_arms if ref.arm(a).downstream}
+  docs = _num_docs([ref.arm(a) for a in accs])
+  if accs and docs:
+    spread, error = max(accs.values()) - min(accs.values()), accuracy_standard_error(min(docs))
+    verdict = ("differences between arms are within the questions' sampling noise"
+               if spread <= NOISE_MARGIN * error else "arms differ by more than the questions' sampling noise")
+    lines.append(_claim("Downstream accuracy", verdict,
+                        f"Mean accuracy spans {spread:.3f} across the arms of {ref.label}; one task's accuracy has "
+                        f"a binomial standard error up to {error:.3f} with {min(docs):,} questions, and all arms "
+                        "share the questions, so small models near chance mostly measure noise."))
+  else:
+    lines.append(_claim("Downstream accuracy", "n/a", "no downstream results in final.json."))
+  return lines + ["", WHAT_WOULD_TELL, ""]
+
+
+def render(folders: list[RunFolder], *, command: str, out: Path, figures: Path) -> str:
+  noise = seed_noise(folders)
+  sections = (header_section(command, folders) + provenance_section(folders) + main_table_section(folders)
+              + seed_noise_section(folders, noise) + figures_section(folders, figures, out)
+              + discussion_section(folders, noise))
+  return "\n".join(sections).rstrip("\n") + "\n"
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--runs", type=Path, nargs="+", default=list(DEFAULT_RUNS),
+                 help="results folders; the first is the reference (seed 0, all arms)")
+  p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown page to write")
+  p.add_argument("--figures", type=Path, default=DEFAULT_FIGURES, help="folder for the PNG figures")
+  return p.parse_args(argv)
+
+
+def command_line(args: argparse.Namespace) -> str:
+  """The command that regenerates the page (flags only where they differ from the defaults)."""
+  parts = ["python -m experiments.report"]
+  if [Path(p).resolve() for p in args.runs] != [p.resolve() for p in DEFAULT_RUNS]:
+    parts += ["--runs"] + [display(p) for p in args.runs]
+  if args.out.resolve() != DEFAULT_OUT.resolve():
+    parts += ["--out", display(args.out)]
+  if args.figures.resolve() != DEFAULT_FIGURES.resolve():
+    parts += ["--figures", display(args.figures)]
+  return " ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  folders = load_folders(list(args.runs))
+  text = render(folders, command=command_line(args), out=args.out, figures=args.figures)
+  args.out.parent.mkdir(parents=True, exist_ok=True)
+  args.out.write_text(text, encoding="utf-8")
+  print(f"wrote {display(args.out)} and figures in {display(args.figures)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
