@@ -67,8 +67,10 @@ def tetrajet_forward(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
   return x_hat @ w_hat_t.T
 
 
-def tetrajet_backward(x, kernel, dy, key) -> tuple[np.ndarray, np.ndarray]:
-  """dX, dW of recipe tetrajet_v2 (aligned, RHT on both backward GEMMs, SR)."""
+def tetrajet_backward(x, kernel, dy, key, *, operands: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """dX, dW of recipe tetrajet_v2 (aligned, RHT on both backward GEMMs, SR).
+  If `operands` is a dict, the dequantized GEMM operands a3, b4 ([M|K, Np],
+  along N) and a5, b6 ([N|K, Mp], along tokens) are stored in it."""
   ks = jax.random.split(key, 8)
   k_rht_dx, k_rht_dw, kq = ks[0], ks[1], ks[2:]
   m = x.shape[0]
@@ -86,4 +88,6 @@ def tetrajet_backward(x, kernel, dy, key) -> tuple[np.ndarray, np.ndarray]:
   a5 = fake_quant_block(rht_last(dyp.T, k_rht_dw), key=kq[4])  # [N, Mp]
   b6 = fake_quant_block(rht_last(xp.T, k_rht_dw), key=kq[5])  # [K, Mp]
   dw = b6 @ a5.T
+  if operands is not None:
+    operands.update(a3=a3, b4=b4, a5=a5, b6=b6)
   return dx, dw

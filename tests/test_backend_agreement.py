@@ -10,7 +10,6 @@ differing elements, instead of as a vague end-to-end error.
 
 from __future__ import annotations
 
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import pytest
 
 import tetrajet_jax as tj
 from tetrajet_jax.numerics import dequantize, quantize_nvfp4, random_hadamard_16
+from tests import layer_stages
 
 pytestmark = pytest.mark.gpu
 
@@ -72,6 +72,15 @@ def test_rht_bitwise(data, key):
 def test_random_bits_bitwise(key):
   g, c = gpu_and_cpu(lambda: jax.random.uniform(key, (200, 256), jnp.float32))
   assert_bitwise(g, c, "jax.random.uniform")
+  # Eagerly too (the NumPy references draw their uniforms and signs this way).
+  eager = {}
+  for dev in (jax.devices("gpu")[0], jax.devices("cpu")[0]):
+    with jax.default_device(dev):
+      k = jax.device_put(key, dev)
+      ks = jax.random.split(k, 8)
+      eager[dev.platform] = (np.asarray(jax.random.uniform(ks[4], (256, 256), jnp.float32)),
+                             np.asarray(jax.random.rademacher(ks[1], (16,), dtype=jnp.float32)))
+  assert_bitwise(eager["gpu"], eager["cpu"], "eager split + uniform + rademacher")
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
@@ -114,21 +123,10 @@ def test_linear_grads_match(data, key, recipe):
 
 def test_backward_operands_bitwise(data, key):
   """The four backward operands Q3..Q6 of the layer, as its backward builds them."""
-  lin = importlib.import_module("tetrajet_jax.linear.linear")  # the module (the package re-exports `linear`)
-
-  recipe = lin.recipes_lib.get("tetrajet_v2")
 
   def operands(x, w, dy):
-    keys = lin._split_keys(key, recipe)  # pylint: disable=protected-access
-    w_hat = lin._w_hat(w, None, recipe, keys)  # pylint: disable=protected-access
-    a3 = lin._quantize(lin._rht(dy, keys.rht_dx, True, -1), 3, recipe, keys, axis=-1)  # pylint: disable=protected-access
-    b4 = lin._quantize(lin._rht(w_hat, keys.rht_dx, True, -1), 4, recipe, keys, axis=-1, weight=True)  # pylint: disable=protected-access
-    dyp = jnp.pad(dy, [(0, -dy.shape[0] % 128), (0, 0)])
-    a5 = lin._quantize(lin._rht(dyp, keys.rht_dw, True, 0), 5, recipe, keys, axis=0)  # pylint: disable=protected-access
-    x_hat = lin._values(lin._quantize(x, 1, recipe, keys, axis=-1))[: x.shape[0]]  # pylint: disable=protected-access
-    b6 = lin._wgrad_x_operand(x_hat, recipe, keys)  # pylint: disable=protected-access
-    return {"w_hat": w_hat, "x_hat": x_hat, "a3": _leaves(a3), "b4": _leaves(b4), "a5": _leaves(a5),
-            "b6": _leaves(b6)}
+    ops = layer_stages.backward_operands(x, w, dy, key)
+    return {k: _leaves(v) if isinstance(v, tj.NVFP4Tensor) else v for k, v in ops.items()}
 
   g, c = gpu_and_cpu(operands, data["x"], data["w"], data["dy"])
   for name in g:

@@ -15,6 +15,7 @@ from flax import nnx
 
 import tetrajet_jax as tj
 from tetrajet_jax.linear import gemm_nt, outlier_count, recipes, residual_bytes_per_token
+from tests import layer_stages
 from tests import linear_reference as lref
 from tests import numpy_reference as ref
 
@@ -74,7 +75,21 @@ def test_tetrajet_backward_matches_reference_with_fixed_key(rng, key):
   dy = rng.standard_normal((m, 256)).astype(np.float32)
   _, dx, dw = jax.jit(lambda *a: grads("tetrajet_v2", *a))(jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), key)
   dy_seen = np.asarray(jnp.asarray(dy, jnp.bfloat16).astype(jnp.float32))  # y's cotangent is bf16
-  want_dx, want_dw = lref.tetrajet_backward(x, w, dy_seen, key)
+  want_ops = {}
+  want_dx, want_dw = lref.tetrajet_backward(x, w, dy_seen, key, operands=want_ops)
+  # Operand by operand first, so a failure names the stage where it starts.
+  got_ops = jax.jit(lambda *a: layer_stages.backward_operands(*a, key))(jnp.asarray(x), jnp.asarray(w),
+                                                                        jnp.asarray(dy_seen))
+  for name in ("a3", "b4", "a5", "b6"):
+    op = got_ops[name]
+    got = np.asarray(tj.dequantize(op), np.float64)
+    got = got.T if op.axis == 0 else got  # the reference holds axis-0 operands transposed
+    want = want_ops[name]
+    # Dequantization rounds q * s_in * s_out in float32 (the reference: in
+    # float64); a different code or scale moves a value by >= 1/16 of it.
+    bad = np.abs(got - want) > 1e-6 * np.abs(want)
+    assert not bad.any(), (f"operand {name}: {int(bad.sum())} of {bad.size} values differ from the reference, "
+                           f"first at {np.argwhere(bad)[0].tolist()}: {got[bad][0]!r} vs {want[bad][0]!r}")
   assert rel_err(dx, want_dx) < 1e-5
   assert rel_err(dw, want_dw) < 1e-5
   # And it is an FP4 estimate, not the exact gradient.
@@ -370,6 +385,32 @@ def test_quantize_linears_by_pattern():
     tj.quantize_linears(MLP(), "tetrajet_v2", pattern="nothing_here")
 
 
+def _pallas_forward_diagnosis(x, w) -> str:
+  """Which stage of the Pallas forward differs from the XLA path (for failure messages)."""
+  from tetrajet_jax.linear.gemm import gemm_nt, pallas_rtn_quantize  # noqa: PLC0415
+
+  out = []
+  ops = {}
+  for name, a in (("X", x), ("W^T", w.T)):
+    fused, xla = pallas_rtn_quantize(a), tj.quantize_nvfp4(a)
+    ops[name] = (fused, xla)
+    if fused is None:
+      out.append(f"{name}: fused quantizer not used")
+      continue
+    for leaf in ("codes", "scale_outer"):
+      f, r = np.asarray(getattr(fused, leaf)), np.asarray(getattr(xla, leaf))
+      out.append(f"{name} {leaf}: {int((f != r).sum())} of {f.size} differ")
+    f = np.asarray(fused.scale_inner.astype(jnp.float32))
+    r = np.asarray(xla.scale_inner.astype(jnp.float32))
+    out.append(f"{name} scale_inner: {int((f != r).sum())} of {f.size} differ")
+  if all(v[0] is not None for v in ops.values()):
+    xq, wq = ops["X"][1], ops["W^T"][1]
+    g = gemm_nt(xq, wq, mode="pallas", out_dtype=jnp.float32)
+    ref = gemm_nt(xq, wq, mode="exact", out_dtype=jnp.float32)
+    out.append(f"GEMM on identical operands: rel err {rel_err(g, ref):.3g}")
+  return "; ".join(out)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "tetrajet_v2_outcontrol", "nvidia_nvfp4"])
 def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
@@ -385,7 +426,7 @@ def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
   idx = jnp.arange(128, dtype=jnp.int32) * 3 if recipe == "tetrajet_v2_outcontrol" else None
   p = grads(recipe, x, w, dy, key, gemm="pallas", outlier_idx=idx)
   e = grads(recipe, x, w, dy, key, gemm="exact", outlier_idx=idx)
-  assert rel_err(p[0], e[0]) < 2e-3  # forward: same operands, exact products, FP32 accumulation order
+  assert rel_err(p[0], e[0]) < 2e-3, _pallas_forward_diagnosis(x, w)  # same operands, exact products
   if recipe == "nvidia_nvfp4":
     # dX has no RHT (XLA quantizers, same draws): equal up to accumulation order.
     assert rel_err(p[1], e[1]) < 2e-3

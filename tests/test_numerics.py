@@ -68,7 +68,10 @@ def test_div_rn_is_the_ieee_quotient(rng, mode):
     want = x / y
   normal = np.abs(want) >= np.finfo(np.float32).tiny
   np.testing.assert_array_equal(got[normal | (want == 0)], want[normal | (want == 0)])
-  assert np.all(got[~normal & (want != 0)] == 0), "quotients below the normal range flush to zero"
+  # Below the normal range a backend may flush (XLA on CPU) or keep the IEEE
+  # subnormal (GPU eager); scales never get there (E4M3 floor 2^-9).
+  tiny = ~normal & (want != 0)
+  assert np.all((got[tiny] == 0) | (got[tiny] == want[tiny])), "subnormal quotients: IEEE value or flushed to 0"
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -32,13 +32,16 @@ def div_rn(x: jax.Array, y: jax.Array) -> jax.Array:
   computed in float64 (whose division XLA emits correctly rounded, div.rn.f64
   on GPU) and rounded to float32: for float32 operands this double rounding is
   innocuous (53 >= 2*24 + 2 bits), the result is the IEEE float32 quotient
-  bit for bit. The float32 result passes an optimization barrier: otherwise
-  XLA removes the f64 -> f32 -> f64 convert pair between two chained
-  divisions (amax / 448 / 6) and the intermediate rounding silently vanishes.
+  bit for bit. Optimization barriers on both sides of the float64 division:
+  on the result, else XLA removes the f64 -> f32 -> f64 convert pair between
+  two chained divisions (amax / 448 / 6) and the intermediate rounding
+  silently vanishes; on the widened operands, else XLA's GPU pipeline narrows
+  convert(f64 / f64) of widened f32 operands back to an f32 (div.full) divide.
   """
   with jax.enable_x64(True):
-    q = jnp.asarray(x, jnp.float32).astype(jnp.float64) / jnp.asarray(y, jnp.float32).astype(jnp.float64)
-    return lax.optimization_barrier(q.astype(jnp.float32))
+    x64, y64 = lax.optimization_barrier((jnp.asarray(x, jnp.float32).astype(jnp.float64),
+                                         jnp.asarray(y, jnp.float32).astype(jnp.float64)))
+    return lax.optimization_barrier((x64 / y64).astype(jnp.float32))
 
 
 def div_by_constant(x: jax.Array, c: float) -> jax.Array:
