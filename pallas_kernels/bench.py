@@ -317,8 +317,12 @@ def main(argv=None):
   p.add_argument("--out", default="results/kernels_bench.json")
   p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
   p.add_argument("--quick", action="store_true", help="first shapes only")
-  p.add_argument("--only", choices=["quant", "bwdquant", "gemm", "linear"], default=None)
+  sections = ("quant", "bwdquant", "gemm", "linear")
+  p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
   args = p.parse_args(argv)
+  only = None if args.only is None else set(args.only.split(","))
+  if only is not None and not only <= set(sections):
+    p.error(f"--only: unknown section(s) {sorted(only - set(sections))}; valid: {', '.join(sections)}")
   dev = jax.devices()[0]
   header = dict(commit=commit_id(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -329,7 +333,7 @@ def main(argv=None):
                         ("bwdquant", lambda: bench_backward_quantizers(rows, log, args.quick)),
                         ("gemm", lambda: bench_gemms(rows, log, args.quick)),
                         ("linear", lambda: bench_linear(rows, log))):
-      if args.only in (None, section):
+      if only is None or section in only:
         n0 = len(rows)
         fn()
         print(format_table(rows[n0:]), flush=True)

@@ -7,9 +7,10 @@ spec section 1 to the bit:
           holds NaN/Inf),
   s_in  = e4m3_rne_satfinite(amax_16 / s_out / 6) (0 -> 2^-9),
   q     = rne_e2m1(x / (s_in * s_out)), saturating at 6.
-Divisions stay divisions: Mosaic GPU lowers them to IEEE `div.rn.f32` unless
-`approx_math` is set (it is not), so the XLA rewrite trap of
-`tetrajet_jax/numerics/scales.py` cannot occur here.
+Every division is `tetrajet_jax.numerics.div_rn`: the H200 run showed that
+Mosaic GPU's f32 division is not correctly rounded (ties of x / s rounded
+the wrong way), so, as in the XLA reference, the hardware quotient is only an
+estimate and exact integer arithmetic decides the rounding.
 
 Kernel: grid (row blocks, K blocks of 128), K sequential so TMA pipelines the
 loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
@@ -38,6 +39,7 @@ from jax import lax
 
 from pallas_kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
+from tetrajet_jax.numerics.scales import div_rn_from_estimate
 
 OUTER = 128
 INNER = 16
@@ -60,7 +62,8 @@ def _e4m3_rne_satfinite(v):
   bits = lax.bitcast_convert_type(v, jnp.int32)
   e = jnp.maximum(((bits >> 23) & 0xFF) - 127, -6)
   quantum = lax.bitcast_convert_type((e + (127 - 3)) << 23, jnp.float32)
-  r = jnp.round(v / quantum) * quantum
+  inv_quantum = lax.bitcast_convert_type(((127 + 3) - e) << 23, jnp.float32)  # exact: no division
+  r = jnp.round(v * inv_quantum) * quantum
   return jnp.minimum(r, 448.0)
 
 
@@ -78,19 +81,18 @@ def _index_magnitude(idx):
   return jnp.where(idx <= 4, half, jnp.where(idx == 5, 3.0, jnp.where(idx == 6, 4.0, 6.0)))
 
 
-def _div_const(x, c: float, interpret: bool):
-  """x / c as written. On the GPU Mosaic emits an IEEE division; the CPU
-  interpreter runs the kernel body through XLA, whose simplifier would turn
-  `x / c` into `x * (1/c)` and merge `(x / a) / b` (the trap described in
-  tetrajet_jax/numerics/scales.py), so there the divisor goes through an
-  optimization barrier, as in the reference."""
-  if not interpret:
-    return x / c
-  x, d = lax.optimization_barrier((x, jnp.full(x.shape, c, jnp.float32)))
-  return x / d
+def div_rn(x, y):
+  """x / y correctly rounded: the kernel's (approximate) quotient corrected by
+  exact integer arithmetic (tetrajet_jax.numerics.div_rn without its barrier)."""
+  return div_rn_from_estimate(x, y, x / y)
 
 
-def _quantize_tile(load_sub, interpret: bool = False):
+def _div_const(x, c: float):
+  """x / c correctly rounded for a constant c, as a same-layout array op."""
+  return div_rn(x, jnp.full(x.shape, c, jnp.float32))
+
+
+def _quantize_tile(load_sub):
   """Shared tile math for one 128-wide block per row (all rows of the tile).
 
   Args:
@@ -111,17 +113,17 @@ def _quantize_tile(load_sub, interpret: bool = False):
   amax = amax_in[0]
   for a in amax_in[1:]:
     amax = jnp.maximum(amax, a)  # NaN-propagating
-  s_out = _div_const(_div_const(amax, 448.0, interpret), 6.0, interpret)
+  s_out = _div_const(_div_const(amax, 448.0), 6.0)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
   codes, qss, s_ins = [], [], []
   for parts, am in zip(xs, amax_in):
-    s_in = _e4m3_rne_satfinite(_div_const(am / s_out, 6.0, interpret))
+    s_in = _e4m3_rne_satfinite(_div_const(div_rn(am, s_out), 6.0))
     s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
     s = s_in * s_out
     cs, qs = [], []
     for x in parts:
-      v = x / lax.broadcast_in_dim(s, x.shape, [0])
+      v = div_rn(x, lax.broadcast_in_dim(s, x.shape, [0]))
       idx = _rne_e2m1_index(jnp.abs(v))
       neg = (v < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
@@ -160,13 +162,13 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
     words = [load_words(c) for c in range(OUTER // INNER)]
     evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
     odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
-    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret)
+    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]))
     store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
   else:
     def load_sub(c):
       return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)],
                          layout=plgpu.Layout.WGMMA).astype(jnp.float32),)
-    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret)
+    codes, qss, s_ins, s_out = _quantize_tile(load_sub)
     s_out_ref[0, :] = s_out
     for c in range(OUTER // INNER):
       s_in_ref[c, :] = s_ins[c]

@@ -56,7 +56,7 @@ from jax import lax
 
 from pallas_kernels import _platform
 from pallas_kernels.nvfp4_quantize import (_F32_MAX, INNER, OUTER, _div_const, _e4m3_rne_satfinite, _index_magnitude,
-                                          store_packed_tile)
+                                          div_rn, store_packed_tile)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 
@@ -133,7 +133,7 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _quantize_tile(evens, odds, key_rows, col0, interpret: bool):
+def _quantize_tile(evens, odds, key_rows, col0):
   """Scales + SR of one [bm, 128] block per row.
 
   Args:
@@ -149,7 +149,7 @@ def _quantize_tile(evens, odds, key_rows, col0, interpret: bool):
   amax = amax_in[0]
   for a in amax_in[1:]:
     amax = jnp.maximum(amax, a)
-  s_out = _div_const(_div_const(amax, 448.0, interpret), 6.0, interpret)
+  s_out = _div_const(_div_const(amax, 448.0), 6.0)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
   bm = evens[0].shape[0]
@@ -157,13 +157,13 @@ def _quantize_tile(evens, odds, key_rows, col0, interpret: bool):
   keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
   codes, qss, s_ins = [], [], []
   for c, (ev, od, am) in enumerate(zip(evens, odds, amax_in)):
-    s_in = _e4m3_rne_satfinite(_div_const(am / s_out, 6.0, interpret))
+    s_in = _e4m3_rne_satfinite(_div_const(div_rn(am, s_out), 6.0))
     s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
     s = lax.broadcast_in_dim(s_in * s_out, (bm, 8), [0])
     s_in_b = lax.broadcast_in_dim(s_in, (bm, 8), [0])
     cs, qs = [], []
     for parity, x in ((0, ev), (1, od)):
-      v = x / s
+      v = div_rn(x, s)
       col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
       idx = _sr_index(jnp.abs(v), element_uniform(keys, col))
       neg = (v < 0.0) & (idx > 0)
@@ -297,7 +297,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       half = OUTER // 2
       evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
       odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret)
+      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
       store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,

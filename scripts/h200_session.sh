@@ -36,11 +36,12 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 4 -rfE
   tests/test_pallas_backward_quantize.py tests/test_linear.py
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
   --out "$OUT/bench_linear.json"
-stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json"
+stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" \
+  ${BENCH_ONLY:+--only "$BENCH_ONLY"}
 stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
-  --arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \
+  --arms "${THROUGHPUT_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \
   --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
-  --keep-checkpoints 0 --no-progress --no-compile-cache
+  --keep-checkpoints 0 --checkpoint-every 100000 --no-progress --no-compile-cache
 cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
 for f in /tmp/throughput/*/final.json; do [ -f "$f" ] && cp "$f" "$OUT/throughput_$(basename "$(dirname "$f")").json"; done
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20

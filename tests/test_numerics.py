@@ -68,10 +68,40 @@ def test_div_rn_is_the_ieee_quotient(rng, mode):
     want = x / y
   normal = np.abs(want) >= np.finfo(np.float32).tiny
   np.testing.assert_array_equal(got[normal | (want == 0)], want[normal | (want == 0)])
-  # Below the normal range a backend may flush (XLA on CPU) or keep the IEEE
-  # subnormal (GPU eager); scales never get there (E4M3 floor 2^-9).
-  tiny = ~normal & (want != 0)
-  assert np.all((got[tiny] == 0) | (got[tiny] == want[tiny])), "subnormal quotients: IEEE value or flushed to 0"
+  assert np.all(got[~normal & (want != 0)] == 0), "quotients below the normal range flush to zero"
+
+
+@pytest.mark.parametrize("ulps", [-3, -2, -1, 1, 2, 3])
+def test_div_rn_corrects_any_nearby_estimate(rng, ulps):
+  """The rounding is decided by exact integer arithmetic: an estimate a few
+  ulps off (GPU div.full, x * (1/c), Mosaic's division) still gives the IEEE
+  quotient. Ties included: a * b / b and small-integer ratios."""
+  n = 50000
+  x = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
+  y = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
+  a = rng.integers(1, 2**12, 5000).astype(np.float32)
+  b = rng.integers(1, 2**12, 5000).astype(np.float32)
+  x = np.concatenate([x, a * b, a, 3 * a]).astype(np.float32)
+  y = np.concatenate([y, b, 2 * a, 2 * a]).astype(np.float32)  # exact, halves, 1.5 (ties)
+  with np.errstate(over="ignore", under="ignore"):
+    want = x / y
+  want = np.where(np.abs(want) < np.finfo(np.float32).tiny, np.float32(0), want).astype(np.float32)
+  est = want.copy()
+  for _ in range(abs(ulps)):
+    est = np.nextafter(est, np.float32(np.inf) if ulps > 0 else np.float32(-np.inf)).astype(np.float32)
+  got = np.asarray(jax.jit(nm.scales.div_rn_from_estimate)(x, y, est))
+  np.testing.assert_array_equal(np.abs(got), np.abs(want))
+
+
+def test_div_rn_special_operands():
+  sp = np.array([0.0, -0.0, 1e-40, np.inf, -np.inf, np.nan, 1.0, -3e38], np.float32)
+  x, y = (a.ravel() for a in np.meshgrid(sp, sp))
+  flush = lambda v: np.where(np.abs(v) < np.finfo(np.float32).tiny, np.float32(0) * v, v)
+  with np.errstate(all="ignore"):
+    want = flush((flush(x) / flush(y)).astype(np.float32))
+  got = np.asarray(jax.jit(nm.div_rn)(x, y))
+  np.testing.assert_array_equal(got, want)  # NaN positions equal too
+  np.testing.assert_array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
 
 
 @pytest.mark.parametrize("mode", MODES)

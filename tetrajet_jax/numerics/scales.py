@@ -23,25 +23,101 @@ E8M0_NAN = 0xFF
 
 
 def div_rn(x: jax.Array, y: jax.Array) -> jax.Array:
-  """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every backend.
+  """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every
+  backend and inside Pallas kernels; subnormal operands and results flush to 0.
 
   Why not `x / y`: XLA on NVIDIA GPUs lowers f32 division to `div.full.f32`
   (up to 2 ulp; about a quarter of quotients are 1 ulp off, even a / a != 1),
-  and XLA's simplifier rewrites `x / c` as `x * (1 / c)`. The spec's scales
-  and element rounding are defined with IEEE division. So the quotient is
-  computed in float64 (whose division XLA emits correctly rounded, div.rn.f64
-  on GPU) and rounded to float32: for float32 operands this double rounding is
-  innocuous (53 >= 2*24 + 2 bits), the result is the IEEE float32 quotient
-  bit for bit. Optimization barriers on both sides of the float64 division:
-  on the result, else XLA removes the f64 -> f32 -> f64 convert pair between
-  two chained divisions (amax / 448 / 6) and the intermediate rounding
-  silently vanishes; on the widened operands, else XLA's GPU pipeline narrows
-  convert(f64 / f64) of widened f32 operands back to an f32 (div.full) divide.
+  Mosaic GPU kernels get an approximate division as well, and XLA's simplifier
+  rewrites `x / c` as `x * (1 / c)` and merges chained divisions. The spec's
+  scales and element rounding are defined with IEEE division. A float64
+  quotient is no way out either: XLA's GPU pipeline narrows convert(f64
+  divide) of widened f32 operands back to an f32 divide under jit.
+
+  So the hardware quotient is only an estimate, and the rounding is decided in
+  exact integer arithmetic (see `div_rn_from_estimate`), which no compiler
+  rewrites. The flush of subnormals is explicit so that every backend agrees
+  (XLA's CPU flushes, the GPU does not); scales never get near that range.
+  The result passes an optimization barrier: without it XLA's CPU compiler
+  did not finish compiling the fused quantize -> dequantize -> bf16 GEMM of
+  the linear layer (minutes, then killed). Pallas kernels, which have no
+  barrier, call `div_rn_from_estimate(x, y, x / y)` directly.
   """
-  with jax.enable_x64(True):
-    x64, y64 = lax.optimization_barrier((jnp.asarray(x, jnp.float32).astype(jnp.float64),
-                                         jnp.asarray(y, jnp.float32).astype(jnp.float64)))
-    return lax.optimization_barrier((x64 / y64).astype(jnp.float32))
+  x = jnp.asarray(x, jnp.float32)
+  y = jnp.asarray(y, jnp.float32)
+  return lax.optimization_barrier(div_rn_from_estimate(x, y, x / y))
+
+
+_SIGN = 0x80000000
+_HIDDEN = 0x800000
+_FRAC = 0x7FFFFF
+
+
+def _u32(v: int) -> jax.Array:
+  return jnp.uint32(v)
+
+
+def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array:
+  """The IEEE float32 quotient x / y (ties to even; subnormals flushed to 0),
+  given any estimate q0 within a few ulps of it.
+
+  With 24-bit significands mx, my and unbiased exponents ex, ey, the true
+  quotient lies in the binade of 2^e, e = ex - ey - [mx < my], where in units
+  of that binade's ulp it is t = mx * 2^(23 + [mx < my]) / my. The estimate
+  gives an integer mq near t; then D = 2 my (t - mq) = mx << (24 + [mx < my])
+  - 2 mq my is a small integer (|D| << 2^31), so uint32 arithmetic modulo
+  2^32 computes it exactly, and n = round-half-even(t) = mq + k follows from
+  comparing D - k 2my with +-my. The result n * ulp is assembled from bits
+  (n = 2^24 carries into the exponent by itself). Only integer operations,
+  compares and selects decide the rounding.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  y = jnp.asarray(y, jnp.float32)
+  xb = lax.bitcast_convert_type(x, jnp.uint32)
+  yb = lax.bitcast_convert_type(y, jnp.uint32)
+  qb = lax.bitcast_convert_type(jnp.asarray(q0, jnp.float32), jnp.uint32)
+  sign = (xb ^ yb) & _u32(_SIGN)
+  ex = ((xb >> 23) & _u32(0xFF)).astype(jnp.int32)
+  ey = ((yb >> 23) & _u32(0xFF)).astype(jnp.int32)
+  mx = (xb & _u32(_FRAC)) | _u32(_HIDDEN)
+  my = (yb & _u32(_FRAC)) | _u32(_HIDDEN)
+  lt = mx < my
+  e_b = ex - ey + jnp.where(lt, 126, 127)  # biased exponent of the result's binade
+  # The estimate's significand, expressed in that binade's ulps (the estimate
+  # may sit one binade off near a power of two).
+  shift = ((qb >> 23) & _u32(0xFF)).astype(jnp.int32) - e_b
+  mq0 = (qb & _u32(_FRAC)) | _u32(_HIDDEN)
+  mq = jnp.where(shift > 0, mq0 << 1, jnp.where(shift < 0, mq0 >> 1, mq0))
+  two_d = jnp.where(lt, mx << 25, mx << 24) - ((mq * my) << 1)  # = D mod 2^32
+  d = lax.bitcast_convert_type(two_d, jnp.int32)
+  m = my.astype(jnp.int32)
+  k = jnp.round(d.astype(jnp.float32) / (2 * m).astype(jnp.float32)).astype(jnp.int32)  # within 1 of exact
+  r = d - k * (2 * m)  # exact: t - (mq + k) = r / 2m
+  n = mq.astype(jnp.int32) + k
+  n = jnp.where(r > m, n + 1, jnp.where(r < -m, n - 1, n))
+  r = jnp.where(r > m, r - 2 * m, jnp.where(r < -m, r + 2 * m, r))
+  n = jnp.where(r == m, n + (n & 1), n)  # tie between n and n + 1: the even one
+  n = jnp.where(r == -m, n - (n & 1), n)  # tie between n - 1 and n
+  bits = (e_b << 23) + (n - _HIDDEN)
+  finite = lax.bitcast_convert_type(bits.astype(jnp.uint32) | sign, jnp.float32)
+  # Results out of the normal range, then special operands. Written as single
+  # comparisons feeding selects (Mosaic GPU has no registers for boolean
+  # arithmetic); later selects override earlier ones.
+  signed_zero = lax.bitcast_convert_type(sign, jnp.float32)
+  signed_inf = lax.bitcast_convert_type(sign | _u32(0x7F800000), jnp.float32)
+  out = jnp.where(bits < (1 << 23), signed_zero, finite)  # flush (also e_b < 0)
+  out = jnp.where(e_b < 0, signed_zero, out)
+  out = jnp.where(bits >= (255 << 23), signed_inf, out)  # incl. the carry of n = 2^24 at e_b = 254
+  out = jnp.where(e_b >= 255, signed_inf, out)  # before `bits` (which wraps there)
+  out = jnp.where(ex == 0, signed_zero, out)  # 0 (or subnormal) / y
+  out = jnp.where(ey == 255, signed_zero, out)  # x / inf
+  out = jnp.where(ey == 0, signed_inf, out)  # x / 0
+  out = jnp.where(ex == 255, signed_inf, out)  # inf / y
+  nan = jnp.float32(jnp.nan)
+  out = jnp.where(jnp.where(ex == 255, xb & _u32(_FRAC), _u32(0)) != 0, nan, out)  # NaN / y
+  out = jnp.where(jnp.where(ey == 255, yb & _u32(_FRAC), _u32(0)) != 0, nan, out)  # x / NaN
+  out = jnp.where(jnp.where(ex == 0, ey, 1) == 0, nan, out)  # 0 / 0
+  return jnp.where(jnp.where(ex == 255, ey, 0) == 255, nan, out)  # inf / inf
 
 
 def div_by_constant(x: jax.Array, c: float) -> jax.Array:
