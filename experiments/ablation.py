@@ -326,6 +326,13 @@ def _fmt(v: Any, spec: str) -> str:
   return format(v, spec)
 
 
+def gap_closure(ppl_arm: float | None, ppl_nvidia: float | None, ppl_bf16: float | None) -> float | None:
+  """(PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16); None without a positive gap."""
+  if None in (ppl_arm, ppl_nvidia, ppl_bf16) or ppl_nvidia <= ppl_bf16:
+    return None
+  return (ppl_nvidia - ppl_arm) / (ppl_nvidia - ppl_bf16)
+
+
 def comparison(finals: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
   """Header, rows and footnotes of the results table."""
   notes = []
@@ -348,7 +355,8 @@ def comparison(finals: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[lis
       continue
     ds = f.get("downstream", {})
     accs = [ds[t]["accuracy"] for t in tasks if t in ds]
-    closure = None if gap is None or arm in ("bf16", "nvidia_nvfp4") else (ppl["nvidia_nvfp4"] - ppl[arm]) / gap
+    closure = None if gap is None or arm in ("bf16", "nvidia_nvfp4") else gap_closure(
+        ppl[arm], ppl["nvidia_nvfp4"], ppl["bf16"])
     rows.append([arm, "ok", _fmt(f["val"]["loss"], ".4f"), _fmt(f["val"]["ppl"], ".3f"),
                  _fmt(f["val"]["bits_per_byte"], ".4f")]
                 + [(_fmt(ds[t]["accuracy"], ".3f") + f" ({ds[t]['chance']:.2f})") if t in ds else "n/a"

@@ -42,7 +42,7 @@ import numpy as np
 
 from experiments import plots
 from experiments.ablation import _fmt as fmt  # the runner's n/a-aware number format
-from experiments.ablation import comparison
+from experiments.ablation import comparison, gap_closure
 from tetrajet_jax.train.arms import ARMS
 from tetrajet_jax.train.metrics import read_jsonl
 
@@ -187,13 +187,6 @@ def load_folders(paths: list[Path]) -> list[RunFolder]:
 
 
 # ---- numbers ---------------------------------------------------------------------------------
-
-def gap_closure(ppl_arm: float | None, ppl_nvidia: float | None, ppl_bf16: float | None) -> float | None:
-  """(PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16); None without a positive gap."""
-  if None in (ppl_arm, ppl_nvidia, ppl_bf16) or ppl_nvidia <= ppl_bf16:
-    return None
-  return (ppl_nvidia - ppl_arm) / (ppl_nvidia - ppl_bf16)
-
 
 def loss_delta(folder: RunFolder, arm: str, baseline: str) -> float | None:
   a, b = folder.arm(arm).val("loss"), folder.arm(baseline).val("loss")

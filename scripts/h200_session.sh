@@ -8,12 +8,14 @@
 #   4. 20m training throughput per arm (experiments.ablation, XLA path).
 # Run from the repo root through the device tool, carrying .bundle and .whl:
 #   bash scripts/h200_session.sh
-# Logs and JSON go to /tmp/h200; $OUT (at most 8 files come back) gets
-# session.log, kernels_bench.json and everything packed in h200_session.tgz.
+# Every stage writes its log straight into $OUT (at most 8 files come back, and
+# only what is already in $OUT when the call is cut off): session.log, one
+# <stage>.log per stage, kernels_bench.json, throughput_results.md.
+# Each stage gets TERM at its limit and KILL 10 s later (a compiling process
+# may not react to TERM).
 set -uo pipefail
-RETURN="${OUT:-results/h200}"
-OUT=/tmp/h200
-mkdir -p "$OUT" "$RETURN"
+OUT="${OUT:-results/h200}"
+mkdir -p "$OUT"
 LOG="$OUT/session.log"
 STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -25,27 +27,22 @@ stage() {  # stage NAME LIMIT_S CMD...
   case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s)" | tee -a "$LOG"
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 40 "$OUT/$name.log" >>"$LOG"
   echo "=== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
 }
 
-stage tests "${T_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -n 4 -rfE --tb=short \
+stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE --tb=short --durations=20 -W ignore \
   tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py \
   tests/test_pallas_backward_quantize.py tests/test_linear.py
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
   --out "$OUT/bench_linear.json"
-stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" \
+stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
   ${BENCH_ONLY:+--only "$BENCH_ONLY"}
 stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
   --arms "${THROUGHPUT_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \
   --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
   --keep-checkpoints 0 --checkpoint-every 100000 --no-progress --no-compile-cache
 cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
-for f in /tmp/throughput/*/final.json; do [ -f "$f" ] && cp "$f" "$OUT/throughput_$(basename "$(dirname "$f")").json"; done
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20
-for f in "$OUT"/bench_linear.log "$OUT"/throughput_results.md; do [ -f "$f" ] && tail -n 25 "$f"; done
-tar -czf "$RETURN/h200_session.tgz" -C "$OUT" .
-cp "$LOG" "$RETURN/"
-[ -f "$OUT/kernels_bench.json" ] && cp "$OUT/kernels_bench.json" "$RETURN/"

@@ -618,7 +618,12 @@ class Trainer:
           step = self.step
           self._ensure_phase(step)
           batch = self._next_batch()
+          t_call = time.perf_counter()
           self.state, metrics = self._step_fn()(self.state, batch)
+          if pending is None and not last and self.is_main:
+            # The first call of a run compiles the step (minutes for FP4 arms on a GPU): say so.
+            print(f"{self.arm.name}: step {step} compiled and dispatched in {time.perf_counter() - t_call:.1f} s",
+                  flush=True)
           if pending is not None:
             last = self._consume(*pending, bar)
           pending = (step, metrics)
