@@ -82,6 +82,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="refuse runs that would repeat the train split more than this many times")
   p.add_argument("--out", type=Path, help="results folder")
   p.add_argument("--resume", action="store_true", help="continue unfinished arms, reuse finished ones")
+  p.add_argument("--stop-after", type=int, default=None,
+                 help="train only this many steps of each arm's schedule, report their tokens/s and stop "
+                      "(a throughput probe: same compiled step as the full run, so a warm compilation "
+                      "cache makes it cheap; no evaluation, no final.json)")
   p.add_argument("--eval-every", type=int, help="periodic validation every N steps (0: off)")
   p.add_argument("--eval-batches", type=int, help="batches per periodic validation")
   p.add_argument("--final-eval-batches", type=int, help="cap on final validation batches (default: all)")
@@ -288,7 +292,7 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
   trainer = Trainer(plan.configs[arm.name], TrainData.from_located(data), arm_dir, resume=plan.args.resume,
                     progress=not plan.args.no_progress)
   try:
-    result = trainer.train()
+    result = trainer.train(num_steps=plan.args.stop_after)
   except NonFiniteLossError as e:
     trainer.close()
     print(f"error: {arm.name}: {e}", file=sys.stderr)
@@ -298,18 +302,23 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
   if result.status == "interrupted":
     trainer.close()
     return {"arm": arm.name, "status": "interrupted", "step": result.step}
+  if result.status == "paused":  # --stop-after: a throughput probe
+    trainer.close()
+    rate = _median_tokens_per_s(arm_dir)
+    print(f"{arm.name}: stopped after {result.step} steps (--stop-after): median tokens/s {_fmt(rate, ',.0f')}, "
+          f"{time.time() - t0:.0f} s", flush=True)
+    return {"arm": arm.name, "status": "paused", "step": result.step, "tokens_per_s": rate}
   print(f"{arm.name}: final validation ...", flush=True)
   val = trainer.evaluate(max_batches=plan.args.final_eval_batches)
   downstream = _downstream(trainer, data.tokenizer(), plan.tasks, plan.args.downstream_limit, eval_dir)
   trainer.close()
-  recs = read_jsonl(arm_dir / "metrics.jsonl")
-  rates = sorted(r["perf/tokens_per_s"] for r in recs if not math.isnan(r.get("perf/tokens_per_s", math.nan)))
+  rate = _median_tokens_per_s(arm_dir)
   final = {"arm": arm.name, "status": "completed", "steps": result.step,
            "tokens": result.step * plan.configs[arm.name].tokens_per_step,
            "val": val, "downstream": downstream,
-           "tokens_per_s": rates[len(rates) // 2] if rates else None,
-           "model_tflops_per_s": (rates[len(rates) // 2] * trainer.model_config.flops_per_token(
-               plan.args.seq_len) / 1e12) if rates else None,
+           "tokens_per_s": rate,
+           "model_tflops_per_s": (rate * trainer.model_config.flops_per_token(plan.args.seq_len) / 1e12
+                                  if rate else None),
            "wall_s_this_session": time.time() - t0}
   final_path.write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
   # One line per finished arm, so a run cut short still reports what it measured.
@@ -318,6 +327,13 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
   if plan.args.keep_checkpoints == 0:
     shutil.rmtree(arm_dir / "checkpoints", ignore_errors=True)
   return final
+
+
+def _median_tokens_per_s(arm_dir: Path) -> float | None:
+  """Median of the per-step tokens/s in the arm's metrics (robust to the compile step)."""
+  recs = read_jsonl(arm_dir / "metrics.jsonl")
+  rates = sorted(r["perf/tokens_per_s"] for r in recs if not math.isnan(r.get("perf/tokens_per_s", math.nan)))
+  return rates[len(rates) // 2] if rates else None
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -368,6 +384,17 @@ def comparison(finals: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[lis
     notes.append("downstream: accuracy (chance level in parentheses), zero-shot, "
                  "task headline metric (data/eval_requests.TASKS).")
   return header, rows, notes
+
+
+def throughput_table(finals: dict[str, dict[str, Any]]) -> str:
+  """Markdown table of a --stop-after probe: median tokens/s per arm and its ratio to bf16."""
+  ref = finals.get("bf16", {}).get("tokens_per_s")
+  lines = ["| arm | steps | tokens/s | vs bf16 |", "|---|---|---|---|"]
+  for arm, f in finals.items():
+    rate = f.get("tokens_per_s")
+    ratio = _fmt(rate / ref, ".2f") + "x" if rate and ref else "n/a"
+    lines.append(f"| {arm} | {f.get('step', f.get('steps', 'n/a'))} | {_fmt(rate, ',.0f')} | {ratio} |")
+  return "\n".join(lines)
 
 
 def write_tables(out: Path, header: list[str], rows: list[list[str]], notes: list[str]) -> str:
@@ -422,12 +449,17 @@ def main(argv: list[str] | None = None) -> int:
   for arm in plan.arms:
     final = run_arm(plan, arm, data, eval_dir)
     finals[arm.name] = final
+    if final["status"] == "paused":
+      continue
     if final["status"] == "interrupted":
       print(f"interrupted at step {final['step']} of {arm.name}; continue with the same command plus --resume "
             f"(--out {plan.out})", file=sys.stderr)
       return 130
     if final["status"] != "completed":
       status = 1
+  if args.stop_after is not None:
+    print(throughput_table(finals))
+    return status
   # Arms finished in earlier sessions of this folder join the table too.
   for d in sorted(plan.out.iterdir()):
     if d.is_dir() and d.name not in finals and (d / "final.json").is_file():
