@@ -458,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     if final["status"] != "completed":
       status = 1
   if args.stop_after is not None:
+    probe = {a: {"steps": f.get("step"), "tokens_per_s": f.get("tokens_per_s")} for a, f in finals.items()}
+    (plan.out / "throughput.json").write_text(json.dumps(probe, indent=2) + "\n", encoding="utf-8")
     print(throughput_table(finals))
     return status
   # Arms finished in earlier sessions of this folder join the table too.

@@ -135,6 +135,14 @@ class RunFolder:
   run: dict | None
   arms: dict[str, ArmRun]
   provenance: list[dict] | None
+  # tokens/s of each arm trained alone on the GPU (the device script's probe),
+  # when the arms themselves were trained side by side.
+  throughput_alone: dict | None = None
+
+  def rate(self, arm: str) -> float | None:
+    """tokens/s of the arm: alone on the GPU when probed, else final.json's median."""
+    alone = (self.throughput_alone or {}).get(arm, {}).get("tokens_per_s")
+    return alone if alone else self.arm(arm).tokens_per_s
 
   @property
   def exists(self) -> bool:
@@ -174,11 +182,12 @@ def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
       if any(f.is_file() for f in files):
         arms[d.name] = ArmRun(d.name, config=_read_json(files[0]), final=_read_json(files[1]),
                               records=read_jsonl(files[2]) if files[2].is_file() else [])
+  throughput_alone = _read_json(path / "throughput_alone.json")
   provenance = _read_json(path / "provenance.json")
   if isinstance(provenance, dict):
     provenance = [provenance]
   return RunFolder(path=path, expected_arms=expected_arms, run=_read_json(path / "run.json"), arms=arms,
-                   provenance=provenance)
+                   provenance=provenance, throughput_alone=throughput_alone)
 
 
 def load_folders(paths: list[Path]) -> list[RunFolder]:
@@ -417,7 +426,9 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
       for rec in folder.provenance:
         lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "
                      f"date {rec.get('date', 'n/a')}, wall time {fmt(rec.get('wall_s'), ',.0f')} s: "
-                     f"`{rec.get('command', 'n/a')}`")
+                     f"`{rec.get('command', 'n/a')}`"
+                     + (f" ({rec['concurrent_processes']} arms trained side by side on one GPU)"
+                        if rec.get("concurrent_processes", 1) > 1 else ""))
     else:
       lines.append("- device runs (commit, device, command, date, wall time): not recorded (no provenance.json)")
     lines.append("")
@@ -447,12 +458,12 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
   for folder in folders:
     finals = {a: folder.arm(a).final or {"status": folder.arm(a).status} for a in folder.listed_arms}
     header, rows, _ = comparison(finals, tasks)
-    bf16_rate = folder.arm("bf16").tokens_per_s
+    bf16_rate = folder.rate("bf16")
     for name, row in zip(finals, rows):
-      rate = folder.arm(name).tokens_per_s
+      rate = folder.rate(name)
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
-                      + [closure, row[-1], _times(rate / bf16_rate if rate and bf16_rate else None)])
+                      + [closure, fmt(rate, ",.0f"), _times(rate / bf16_rate if rate and bf16_rate else None)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
@@ -462,7 +473,9 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                   f"error up to {accuracy_standard_error(min(docs)):.3f}" if docs else "") + ". "
                f"Gap closure = (PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16), computed within "
                f"{folders[0].label} only. Tokens/s: median over the training steps (final.json); the ratio is to "
-               "bf16 of the same folder.")
+               "bf16 of the same folder, from each arm trained alone on the GPU where the folder has that "
+               "probe (throughput_alone.json: arms trained side by side share the GPU, so their own "
+               "tokens/s only bound the speed).")
   return lines + [""]
 
 
@@ -601,7 +614,7 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   lines.append(loss_claim("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
   lines.append(loss_claim("OutControl helps on top of OsciReset", "tetrajet_v2_full", "tetrajet_v2_oscireset"))
 
-  rates = {a: ref.arm(a).tokens_per_s for a in ref.listed_arms}
+  rates = {a: ref.rate(a) for a in ref.listed_arms}
   devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
   fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
   speed = (f"FP4 arms run at {_times(min(fp4))} to {_times(max(fp4))} bf16's tokens/s here" if fp4

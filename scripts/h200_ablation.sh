@@ -1,60 +1,109 @@
 #!/usr/bin/env bash
-# One device call of the issue-10 ablation on the H200: runs (or resumes) the
-# arms of one seed's results folder under experiments/results/h200_20m/, stops
-# cleanly before the call's limit, and returns the finished arms' raw metrics
-# (run.json, <arm>/{config.json,metrics.jsonl,final.json}) plus a provenance
-# record, packed as $OUT/ablation_seed<SEED>.tgz. Unpack that into the repo
-# and commit it; the next call resumes with the remaining arms (finished arms
-# are reused, never re-run), so all arms keep the same data, seed and schedule.
+# One device call of the issue-10 ablation on the H200. Runs (or resumes) the
+# arms of one or more seeds' results folders under experiments/results/h200_20m/
+# and returns the finished arms' raw metrics (run.json, provenance.json,
+# <arm>/{config.json,metrics.jsonl,final.json}) packed in $OUT/ablation.tgz:
+# unpack it in the repo root and commit it. A later call resumes with the
+# remaining arms (finished arms are reused, never re-run), so all arms keep the
+# same data order, seed and schedule.
 #
-#   SEED=0 ARMS=bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full \
-#   LIMIT=540 bash scripts/h200_ablation.sh
+# Why one process per arm (PARALLEL=1, the default): compiling an FP4 arm's
+# train step takes minutes of CPU time on this machine while a 20m model
+# leaves most of the H200 idle, so the arms compile side by side on the 16
+# cores and then share the GPU. Their tokens/s then measure a shared GPU; the
+# throughput of each arm alone comes from the probe at the end (PROBE_STEPS>0):
+# the same compiled steps, reloaded from the persistent compilation cache the
+# arms just filled, run one arm at a time for PROBE_STEPS steps.
+#
+#   JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
+#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 bash scripts/h200_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
 RETURN="${OUT:-results/h200}"
-mkdir -p "$RETURN" /tmp/h200
-LOG=/tmp/h200/ablation.log
-SEED="${SEED:-0}"
-ARMS="${ARMS:?comma-separated arms}"
-LIMIT="${LIMIT:-540}"
+WORK=/tmp/h200
+mkdir -p "$RETURN" "$WORK"
+LOG="$RETURN/ablation.log"  # in $OUT from the start: a cut-off call still returns it
+JOBS="${JOBS:?space-separated SEED:arm,arm,... groups}"
+LIMIT="${LIMIT:-420}"
+PARALLEL="${PARALLEL:-1}"
+PROBE_STEPS="${PROBE_STEPS:-0}"
+PROBE_LIMIT="${PROBE_LIMIT:-120}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-# The ablation's fixed settings: change them only with a new results folder.
-RUN_DIR="experiments/results/h200_20m/seed$SEED"
-FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --seed "$SEED"
-       --data-seed 0 --eval-every 40 --eval-batches 8 --downstream all --downstream-limit 500
-       --keep-checkpoints 0 --no-progress)
+# The ablation's fixed settings: change them only with new results folders.
+FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
+       --eval-every 40 --eval-batches 8 --downstream all --downstream-limit 500 --keep-checkpoints 0
+       --no-progress)
+run_dir() { echo "experiments/results/h200_20m/seed$1"; }
 
 source scripts/device_env.sh
 
 t0=$SECONDS
 date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-cmd="python -m experiments.ablation ${FLAGS[*]} --arms $ARMS --out $RUN_DIR --resume"
-echo "$cmd" | tee -a "$LOG"
-# SIGTERM at LIMIT: the runner stops the current arm (it restarts from scratch
-# next call: its checkpoints stay on this machine) and finished arms are kept.
-timeout --signal=TERM --kill-after=20 "$LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --arms "$ARMS" \
-  --out "$RUN_DIR" --resume 2>&1 | tee -a "$LOG" | grep -v "^\s*$" | tail -n 60
-rc=${PIPESTATUS[0]}
+pids=()
+n_procs=0
+for job in $JOBS; do
+  seed=${job%%:*}
+  arms=${job#*:}
+  if [ "$PARALLEL" = 1 ]; then groups=${arms//,/ }; else groups=$arms; fi
+  for group in $groups; do
+    n_procs=$((n_procs + 1))
+    echo "python -m experiments.ablation ${FLAGS[*]} --seed $seed --arms $group --out $(run_dir "$seed") --resume" \
+      | tee -a "$LOG"
+    # TERM at LIMIT: the runner stops its arm (an unfinished arm restarts from
+    # scratch next call: its checkpoints stay on this machine).
+    timeout -k 20 "$LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "$seed" --arms "$group" \
+      --out "$(run_dir "$seed")" --resume >"$WORK/run_${seed}_${group//,/+}.log" 2>&1 &
+    pids+=($!)
+  done
+done
+wait "${pids[@]}"
 wall=$((SECONDS - t0))
+for f in "$WORK"/run_*.log; do
+  echo "--- $(basename "$f")" >>"$LOG"
+  grep -E "compiled and dispatched|done:|error|Error|interrupted|warning" "$f" | tail -n 8 >>"$LOG"
+done
+
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-python3 - "$RUN_DIR" "$COMMIT" "$device" "$cmd" "$wall" "$date_utc" "$rc" <<'PY'
+files=()
+for job in $JOBS; do
+  seed=${job%%:*}
+  dir=$(run_dir "$seed")
+  python3 - "$dir" "$COMMIT" "$device" "${FLAGS[*]} --seed $seed --arms ${job#*:} --out $dir --resume" "$wall" \
+    "$date_utc" "$n_procs" <<'PY' | tee -a "$LOG"
 import json, sys
 from pathlib import Path
-run_dir, commit, device, cmd, wall, date, rc = sys.argv[1:]
+run_dir, commit, device, flags, wall, date, n_procs = sys.argv[1:]
 finished = sorted(p.parent.name for p in Path(run_dir).glob("*/final.json"))
 path = Path(run_dir) / "provenance.json"
 records = json.loads(path.read_text()) if path.is_file() else []
 records = records if isinstance(records, list) else [records]
-records.append({"commit": commit, "device": device, "command": cmd, "wall_s": float(wall), "date": date,
-                "exit_code": int(rc), "finished_arms": finished})
+records.append({"commit": commit, "device": device, "command": f"python -m experiments.ablation {flags}",
+                "wall_s": float(wall), "date": date, "concurrent_processes": int(n_procs),
+                "note": "arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures",
+                "finished_arms": finished})
 path.write_text(json.dumps(records, indent=2) + "\n")
-print("finished arms:", ", ".join(finished) or "none", f"(exit {rc}, {wall} s)")
+print(f"{run_dir}: finished arms: {', '.join(finished) or 'none'} ({wall} s, {n_procs} processes)")
 PY
-# Only finished arms travel back: an unfinished one restarts next call.
-files=("$RUN_DIR/run.json" "$RUN_DIR/provenance.json")
-for d in "$RUN_DIR"/*/; do
-  d=${d%/}
-  [ -f "$d/final.json" ] && files+=("$d/config.json" "$d/metrics.jsonl" "$d/final.json")
+  files+=("$dir/run.json" "$dir/provenance.json")
+  for d in "$dir"/*/; do
+    d=${d%/}
+    [ -f "$d/final.json" ] && files+=("$d/config.json" "$d/metrics.jsonl" "$d/final.json")
+  done
 done
-tar -czf "$RETURN/ablation_seed$SEED.tgz" "${files[@]}"
-cp "$LOG" "$RETURN/"
+tar -czf "$RETURN/ablation.tgz" "${files[@]}"  # now, in case the probe is cut off
+
+# Throughput of each arm alone (seed of the first job), same compiled steps;
+# stored beside that seed's arms as throughput_alone.json (read by the report).
+if [ "$PROBE_STEPS" -gt 0 ]; then
+  first=${JOBS%% *}
+  echo "=== throughput probe: ${first#*:}, $PROBE_STEPS steps each" | tee -a "$LOG"
+  timeout -k 10 "$PROBE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "${first%%:*}" \
+    --arms "${first#*:}" --out "$WORK/probe" --stop-after "$PROBE_STEPS" --eval-every 0 \
+    --checkpoint-every 100000 >"$RETURN/throughput_probe.log" 2>&1
+  tail -n 12 "$RETURN/throughput_probe.log" | tee -a "$LOG"
+  if [ -f "$WORK/probe/throughput.json" ]; then
+    cp "$WORK/probe/throughput.json" "$(run_dir "${first%%:*}")/throughput_alone.json"
+    tar -czf "$RETURN/ablation.tgz" "${files[@]}" "$(run_dir "${first%%:*}")/throughput_alone.json"
+  fi
+fi
+echo "done in $((SECONDS - t0)) s" | tee -a "$LOG"

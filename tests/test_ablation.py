@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -51,6 +52,20 @@ def test_runner_writes_table_and_plots(cache, tmp_path, capsys):
   assert "pass --resume" in capsys.readouterr().err
   assert ablation.main(_argv(out, "--resume")) == 0
   assert "finished earlier" in capsys.readouterr().out
+
+
+def test_stop_after_is_a_throughput_probe(cache, tmp_path, capsys):
+  """--stop-after N trains N steps of the same schedule, writes throughput.json
+  and no final.json (the arm is not finished), and prints the tokens/s table."""
+  out = tmp_path / "probe"
+  argv = _argv(out, "--stop-after", "3")
+  argv[argv.index("bf16,tetrajet_v2")] = "bf16"
+  assert ablation.main(argv) == 0
+  printed = capsys.readouterr().out
+  assert "stopped after 3 steps" in printed and "| bf16 | 3 |" in printed
+  probe = json.loads((out / "throughput.json").read_text(encoding="utf-8"))
+  assert probe["bf16"]["steps"] == 3 and probe["bf16"]["tokens_per_s"] > 0
+  assert not (out / "bf16" / "final.json").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
