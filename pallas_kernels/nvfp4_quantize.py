@@ -81,15 +81,16 @@ def _index_magnitude(idx):
   return jnp.where(idx <= 4, half, jnp.where(idx == 5, 3.0, jnp.where(idx == 6, 4.0, 6.0)))
 
 
-def div_rn(x, y):
-  """x / y correctly rounded: the kernel's (approximate) quotient corrected by
-  exact integer arithmetic (tetrajet_jax.numerics.div_rn without its barrier)."""
-  return div_rn_from_estimate(x, y, x / y)
+def div_rn(x, s):
+  """x / s for a positive scale s (NaN allowed), correctly rounded: the kernel's
+  approximate quotient corrected by exact integer arithmetic (the XLA
+  reference's tetrajet_jax.numerics.div_rn without its barrier)."""
+  return div_rn_from_estimate(x, s, x / s, positive_divisor=True)
 
 
 def _div_const(x, c: float):
-  """x / c correctly rounded for a constant c, as a same-layout array op."""
-  return div_rn(x, jnp.full(x.shape, c, jnp.float32))
+  """x / c correctly rounded for a constant c (its fields fold at trace time)."""
+  return div_rn_from_estimate(x, c, x / c)
 
 
 def _quantize_tile(load_sub):

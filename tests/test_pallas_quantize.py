@@ -82,3 +82,11 @@ def test_rtn_bitwise_gpu(rng, dtype, shape):
   assert_same_tensor(t, ref)
   np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
   assert can_use_pallas_quantizer(shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_rtn_lowers_for_hopper(dtype):
+  """Mosaic GPU lowering for CUDA (layouts, supported ops: e.g. no boolean
+  vector arithmetic in the exact division) succeeds on the CPU."""
+  f = jax.jit(lambda v: quantize_nvfp4_rtn(v, emit_operand=True))
+  f.trace(jax.ShapeDtypeStruct((256, 512), dtype)).lower(lowering_platforms=("cuda",))

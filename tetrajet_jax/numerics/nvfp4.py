@@ -115,7 +115,7 @@ def dequantize_nvfp4(t: NVFP4Tensor) -> jax.Array:
 
 def _inner_scales(amax_in: jax.Array, s_out: jax.Array) -> jax.Array:
   """E4M3 inner scales, float32-valued: e4m3(amax_16 / s_out / 6), 0 -> 2^-9."""
-  s_in = round_to_e4m3(div_by_constant(div_rn(amax_in, s_out), E2M1_MAX))
+  s_in = round_to_e4m3(div_by_constant(div_rn(amax_in, s_out, positive_divisor=True), E2M1_MAX))
   return jnp.where(s_in == 0, E4M3_MIN_SUBNORMAL, s_in)
 
 
@@ -216,7 +216,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
     s_in = _inner_scales(amax_in, s_out_in)  # [..., K/16]
     s_elem = jnp.repeat(s_in * s_out_in, 16, axis=-1)  # [..., K]
 
-  v = div_rn(xc, s_elem)  # IEEE quotient on every backend (see scales.div_rn)
+  v = div_rn(xc, s_elem, positive_divisor=True)  # IEEE quotient on every backend (see scales.div_rn)
   if rounding == "nearest":
     codes = round_e2m1_nearest(v)
   else:

@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 E4M3_MAX = 448.0
@@ -22,7 +23,7 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 
 
-def div_rn(x: jax.Array, y: jax.Array) -> jax.Array:
+def div_rn(x: jax.Array, y, *, positive_divisor: bool = False) -> jax.Array:
   """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every
   backend and inside Pallas kernels; subnormal operands and results flush to 0.
 
@@ -38,14 +39,21 @@ def div_rn(x: jax.Array, y: jax.Array) -> jax.Array:
   exact integer arithmetic (see `div_rn_from_estimate`), which no compiler
   rewrites. The flush of subnormals is explicit so that every backend agrees
   (XLA's CPU flushes, the GPU does not); scales never get near that range.
+
+  `y` may be a Python float (a constant divisor: its fields are computed at
+  trace time). `positive_divisor=True` promises a positive normal finite y
+  (the quantizers' scales; a NaN scale still gives NaN) and skips the other
+  special cases of y.
+
   The result passes an optimization barrier: without it XLA's CPU compiler
   did not finish compiling the fused quantize -> dequantize -> bf16 GEMM of
   the linear layer (minutes, then killed). Pallas kernels, which have no
   barrier, call `div_rn_from_estimate(x, y, x / y)` directly.
   """
   x = jnp.asarray(x, jnp.float32)
-  y = jnp.asarray(y, jnp.float32)
-  return lax.optimization_barrier(div_rn_from_estimate(x, y, x / y))
+  if not isinstance(y, float):
+    y = jnp.asarray(y, jnp.float32)
+  return lax.optimization_barrier(div_rn_from_estimate(x, y, x / y, positive_divisor=positive_divisor))
 
 
 _SIGN = 0x80000000
@@ -57,7 +65,7 @@ def _u32(v: int) -> jax.Array:
   return jnp.uint32(v)
 
 
-def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array:
+def div_rn_from_estimate(x: jax.Array, y, q0: jax.Array, *, positive_divisor: bool = False) -> jax.Array:
   """The IEEE float32 quotient x / y (ties to even; subnormals flushed to 0),
   given any estimate q0 within a few ulps of it.
 
@@ -69,19 +77,31 @@ def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array
   2^32 computes it exactly, and n = round-half-even(t) = mq + k follows from
   comparing D - k 2my with +-my. The result n * ulp is assembled from bits
   (n = 2^24 carries into the exponent by itself). Only integer operations,
-  compares and selects decide the rounding.
+  compares and selects decide the rounding. y may be a Python float (fields
+  folded at trace time); positive_divisor=True promises y > 0 normal finite.
   """
   x = jnp.asarray(x, jnp.float32)
-  y = jnp.asarray(y, jnp.float32)
   xb = lax.bitcast_convert_type(x, jnp.uint32)
-  yb = lax.bitcast_convert_type(y, jnp.uint32)
   qb = lax.bitcast_convert_type(jnp.asarray(q0, jnp.float32), jnp.uint32)
-  sign = (xb ^ yb) & _u32(_SIGN)
   ex = ((xb >> 23) & _u32(0xFF)).astype(jnp.int32)
-  ey = ((yb >> 23) & _u32(0xFF)).astype(jnp.int32)
   mx = (xb & _u32(_FRAC)) | _u32(_HIDDEN)
-  my = (yb & _u32(_FRAC)) | _u32(_HIDDEN)
-  lt = mx < my
+  if isinstance(y, float):
+    yb_const = int(np.float32(y).view(np.uint32))
+    ey, my = (yb_const >> 23) & 0xFF, (yb_const & _FRAC) | _HIDDEN
+    if not (y > 0 and 0 < ey < 255):
+      raise ValueError(f"div_rn: constant divisor {y} must be a positive normal float32.")
+    positive_divisor = True
+    sign = xb & _u32(_SIGN)
+    lt = mx < _u32(my)
+    m = my
+  else:
+    y = jnp.asarray(y, jnp.float32)
+    yb = lax.bitcast_convert_type(y, jnp.uint32)
+    ey = ((yb >> 23) & _u32(0xFF)).astype(jnp.int32)
+    my = (yb & _u32(_FRAC)) | _u32(_HIDDEN)
+    sign = xb & _u32(_SIGN) if positive_divisor else (xb ^ yb) & _u32(_SIGN)
+    lt = mx < my
+    m = my.astype(jnp.int32)
   e_b = ex - ey + jnp.where(lt, 126, 127)  # biased exponent of the result's binade
   # The estimate's significand, expressed in that binade's ulps (the estimate
   # may sit one binade off near a power of two).
@@ -90,8 +110,8 @@ def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array
   mq = jnp.where(shift > 0, mq0 << 1, jnp.where(shift < 0, mq0 >> 1, mq0))
   two_d = jnp.where(lt, mx << 25, mx << 24) - ((mq * my) << 1)  # = D mod 2^32
   d = lax.bitcast_convert_type(two_d, jnp.int32)
-  m = my.astype(jnp.int32)
-  k = jnp.round(d.astype(jnp.float32) / (2 * m).astype(jnp.float32)).astype(jnp.int32)  # within 1 of exact
+  k = jnp.round(d.astype(jnp.float32) * (0.5 / m if isinstance(m, int) else 0.5 / m.astype(jnp.float32)))
+  k = k.astype(jnp.int32)  # within 1 of round(D / 2m): corrected exactly below
   r = d - k * (2 * m)  # exact: t - (mq + k) = r / 2m
   n = mq.astype(jnp.int32) + k
   n = jnp.where(r > m, n + 1, jnp.where(r < -m, n - 1, n))
@@ -110,6 +130,9 @@ def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array
   out = jnp.where(bits >= (255 << 23), signed_inf, out)  # incl. the carry of n = 2^24 at e_b = 254
   out = jnp.where(e_b >= 255, signed_inf, out)  # before `bits` (which wraps there)
   out = jnp.where(ex == 0, signed_zero, out)  # 0 (or subnormal) / y
+  if positive_divisor:
+    out = jnp.where(ex == 255, x, out)  # inf / y = inf, NaN / y = NaN
+    return out if isinstance(y, float) else jnp.where(ey == 255, jnp.float32(jnp.nan), out)  # a NaN scale
   out = jnp.where(ey == 255, signed_zero, out)  # x / inf
   out = jnp.where(ey == 0, signed_inf, out)  # x / 0
   out = jnp.where(ex == 255, signed_inf, out)  # inf / y
@@ -122,7 +145,7 @@ def div_rn_from_estimate(x: jax.Array, y: jax.Array, q0: jax.Array) -> jax.Array
 
 def div_by_constant(x: jax.Array, c: float) -> jax.Array:
   """x / c, correctly rounded (see div_rn): the spec's "divide by 448, then by 6"."""
-  return div_rn(x, jnp.float32(c))
+  return div_rn(x, float(c))
 
 
 def exp2_int(e: jax.Array) -> jax.Array:
