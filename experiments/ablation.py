@@ -32,6 +32,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -297,7 +298,7 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
     trainer.close()
     print(f"error: {arm.name}: {e}", file=sys.stderr)
     final = {"arm": arm.name, "status": "diverged", "error": str(e)}
-    final_path.write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(final_path, final)
     return final
   if result.status == "interrupted":
     trainer.close()
@@ -320,13 +321,22 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
            "model_tflops_per_s": (rate * trainer.model_config.flops_per_token(plan.args.seq_len) / 1e12
                                   if rate else None),
            "wall_s_this_session": time.time() - t0}
-  final_path.write_text(json.dumps(final, indent=2) + "\n", encoding="utf-8")
+  write_json_atomic(final_path, final)
   # One line per finished arm, so a run cut short still reports what it measured.
   print(f"{arm.name}: done: val loss {val['loss']:.4f}, PPL {val['ppl']:.3f}, median tokens/s "
         f"{_fmt(final['tokens_per_s'], ',.0f')}, {final['wall_s_this_session']:.0f} s", flush=True)
   if plan.args.keep_checkpoints == 0:
     shutil.rmtree(arm_dir / "checkpoints", ignore_errors=True)
   return final
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+  """Writes JSON through a temporary file and a rename: the runners of other
+  arms (scripts/h200_ablation.sh starts one per arm) read these files while
+  they run and must never see half a file."""
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+  os.replace(tmp, path)
 
 
 def _median_tokens_per_s(arm_dir: Path) -> float | None:
@@ -435,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
   if not args.no_compile_cache:
     enable_compile_cache()
   plan.out.mkdir(parents=True, exist_ok=True)
-  (plan.out / "run.json").write_text(json.dumps(_run_identity(plan), indent=2) + "\n", encoding="utf-8")
+  # Atomic: runners of other arms (scripts/h200_ablation.sh starts one per
+  # arm) may read it at the same moment in check_results_dir.
+  write_json_atomic(plan.out / "run.json", _run_identity(plan))
   eval_dir = data.eval_dir
   if eval_dir is None:
     from tetrajet_jax.data.locate import locate_eval_dir  # pylint: disable=import-outside-toplevel
@@ -462,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     (plan.out / "throughput.json").write_text(json.dumps(probe, indent=2) + "\n", encoding="utf-8")
     print(throughput_table(finals))
     return status
-  # Arms finished in earlier sessions of this folder join the table too.
+  # Arms finished earlier, or by runners of other arms of this folder, join the table too.
   for d in sorted(plan.out.iterdir()):
     if d.is_dir() and d.name not in finals and (d / "final.json").is_file():
       finals[d.name] = json.loads((d / "final.json").read_text(encoding="utf-8"))
