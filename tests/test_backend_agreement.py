@@ -10,7 +10,6 @@ differing elements, instead of as a vague end-to-end error.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
