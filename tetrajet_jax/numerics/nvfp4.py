@@ -17,6 +17,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from tetrajet_jax.numerics import checks
 from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, pack_e2m1, round_e2m1_nearest,
@@ -116,7 +117,7 @@ def dequantize_nvfp4(t: NVFP4Tensor) -> jax.Array:
 def _inner_scales(amax_in: jax.Array, s_out: jax.Array) -> jax.Array:
   """E4M3 inner scales, float32-valued: e4m3(amax_16 / s_out / 6), 0 -> 2^-9."""
   s_in = round_to_e4m3(div_by_constant(div_rn(amax_in, s_out, positive_divisor=True), E2M1_MAX))
-  return jnp.where(s_in == 0, E4M3_MIN_SUBNORMAL, s_in)
+  return lax.optimization_barrier(jnp.where(s_in == 0, E4M3_MIN_SUBNORMAL, s_in))
 
 
 def _outer_scale(amax: jax.Array, finite: jax.Array, scaling: str) -> jax.Array:
@@ -125,7 +126,7 @@ def _outer_scale(amax: jax.Array, finite: jax.Array, scaling: str) -> jax.Array:
   else:
     s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)  # spec 5: NVIDIA's per-tensor scale
   s = jnp.where(s == 0, 1.0, s)
-  return jnp.where(finite, s, jnp.nan)
+  return lax.optimization_barrier(jnp.where(finite, s, jnp.nan))
 
 
 def quantize_nvfp4(
@@ -216,7 +217,9 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
     s_in = _inner_scales(amax_in, s_out_in)  # [..., K/16]
     s_elem = jnp.repeat(s_in * s_out_in, 16, axis=-1)  # [..., K]
 
-  v = div_rn(xc, s_elem, positive_divisor=True)  # IEEE quotient on every backend (see scales.div_rn)
+  # IEEE quotient on every backend (scales.div_rn); the barriers here and on
+  # the scales keep XLA's CPU compile time bounded (see div_rn).
+  v = lax.optimization_barrier(div_rn(xc, s_elem, positive_divisor=True))
   if rounding == "nearest":
     codes = round_e2m1_nearest(v)
   else:
