@@ -17,8 +17,16 @@ from tests import numpy_reference as ref
 F32 = np.float32
 
 
+def _on_cpu(fn, key, *args, **kwargs) -> np.ndarray:
+  """A jax.random draw made on the host CPU, whatever the default backend: the
+  reference stays independent of the device under test."""
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    return np.asarray(fn(jax.device_put(key, cpu), *args, **kwargs))
+
+
 def rht_matrix(key) -> np.ndarray:
-  signs = np.asarray(jax.random.rademacher(key, (16,), dtype=np.float32), np.float64)
+  signs = np.asarray(_on_cpu(jax.random.rademacher, key, (16,), dtype=np.float32), np.float64)
   return 0.25 * ref.sylvester_hadamard(16) @ np.diag(signs)
 
 
@@ -56,7 +64,7 @@ def fake_quant_block(x: np.ndarray, *, key=None) -> np.ndarray:
     codes, _, _ = ref.nvfp4_block(x)
     q = ref.decode_codes(codes)
   else:
-    u = np.asarray(jax.random.uniform(key, x.shape, np.float32))
+    u = _on_cpu(jax.random.uniform, key, x.shape, np.float32)
     q = sr_codes(x / s, u)
   return q * s.astype(np.float64)
 
@@ -71,7 +79,7 @@ def tetrajet_backward(x, kernel, dy, key, *, operands: dict | None = None) -> tu
   """dX, dW of recipe tetrajet_v2 (aligned, RHT on both backward GEMMs, SR).
   If `operands` is a dict, the dequantized GEMM operands a3, b4 ([M|K, Np],
   along N) and a5, b6 ([N|K, Mp], along tokens) are stored in it."""
-  ks = jax.random.split(key, 8)
+  ks = jax.random.split(jax.device_put(key, jax.devices("cpu")[0]), 8)  # keys on the host too
   k_rht_dx, k_rht_dw, kq = ks[0], ks[1], ks[2:]
   m = x.shape[0]
   x_hat = fake_quant_block(x).astype(F32)  # [M, K]
