@@ -5,12 +5,13 @@ Bitwise contract: codes, E4M3 inner scales and FP32 outer scales equal
 spec section 1 to the bit:
   s_out = amax_128 / 448 / 6 (two IEEE divisions; 0 -> 1; NaN if the block
           holds NaN/Inf),
-  s_in  = e4m3_rne_satfinite(amax_16 / s_out / 6) (0 -> 2^-9),
+  s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),
   q     = rne_e2m1(x / (s_in * s_out)), saturating at 6.
-Every division is `tetrajet_jax.numerics.div_rn`: the H200 run showed that
+Every division is `tetrajet_jax.numerics.div_rn` and the E4M3 rounding is
+`round_to_e4m3`, the reference's own functions: the H200 run showed that
 Mosaic GPU's f32 division is not correctly rounded (ties of x / s rounded
-the wrong way), so, as in the XLA reference, the hardware quotient is only an
-estimate and exact integer arithmetic decides the rounding.
+the wrong way), so the hardware quotient is only an estimate and exact
+integer arithmetic decides the rounding.
 
 Kernel: grid (row blocks, K blocks of 128), K sequential so TMA pipelines the
 loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
@@ -39,7 +40,7 @@ from jax import lax
 
 from pallas_kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
-from tetrajet_jax.numerics.scales import div_rn_from_estimate
+from tetrajet_jax.numerics.scales import div_by_constant, div_rn, round_to_e4m3
 
 OUTER = 128
 INNER = 16
@@ -50,21 +51,6 @@ _THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, F
                (5.0, False))
 
 Packing = Literal["pairs", "xla"]
-
-
-def _e4m3_rne_satfinite(v):
-  """Nearest E4M3 value of v >= 0 (ties to even), saturating at 448; NaN stays NaN.
-
-  Same arithmetic as tetrajet_jax.numerics.scales.round_to_e4m3: the quantum
-  2^(max(e, -6) - 3) is built from exponent bits, v / quantum is exact, then
-  round-half-even.
-  """
-  bits = lax.bitcast_convert_type(v, jnp.int32)
-  e = jnp.maximum(((bits >> 23) & 0xFF) - 127, -6)
-  quantum = lax.bitcast_convert_type((e + (127 - 3)) << 23, jnp.float32)
-  inv_quantum = lax.bitcast_convert_type(((127 + 3) - e) << 23, jnp.float32)  # exact: no division
-  r = jnp.round(v * inv_quantum) * quantum
-  return jnp.minimum(r, 448.0)
 
 
 def _rne_e2m1_index(a):
@@ -81,16 +67,23 @@ def _index_magnitude(idx):
   return jnp.where(idx <= 4, half, jnp.where(idx == 5, 3.0, jnp.where(idx == 6, 4.0, 6.0)))
 
 
-def div_rn(x, s):
-  """x / s for a positive scale s (NaN allowed), correctly rounded: the kernel's
-  approximate quotient corrected by exact integer arithmetic (the XLA
-  reference's tetrajet_jax.numerics.div_rn without its barrier)."""
-  return div_rn_from_estimate(x, s, x / s, positive_divisor=True)
-
-
-def _div_const(x, c: float):
-  """x / c correctly rounded for a constant c (its fields fold at trace time)."""
-  return div_rn_from_estimate(x, c, x / c)
+def tile_scales(amax_in: list) -> tuple[jax.Array, list]:
+  """Double-block scales of one tile from its eight inner-block amaxes [bm]:
+  s_out = amax / 448 / 6 (0 -> 1, NaN/Inf block -> NaN) and per inner block
+  s_in = e4m3(amax_16 / s_out / 6) (0 -> 2^-9). The reference's formulas,
+  with its correctly rounded divisions (numerics.scales); shared by the RTN
+  and the backward kernel."""
+  amax = amax_in[0]
+  for a in amax_in[1:]:
+    amax = jnp.maximum(amax, a)  # NaN-propagating
+  s_out = div_by_constant(div_by_constant(amax, 448.0), 6.0)
+  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
+  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
+  s_ins = []
+  for am in amax_in:
+    s_in = round_to_e4m3(div_by_constant(div_rn(am, s_out, positive_divisor=True), 6.0))
+    s_ins.append(jnp.where(s_in == 0.0, 2.0**-9, s_in))
+  return s_out, s_ins
 
 
 def _quantize_tile(load_sub):
@@ -111,20 +104,13 @@ def _quantize_tile(load_sub):
     for p in parts[1:]:
       am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
     amax_in.append(am)
-  amax = amax_in[0]
-  for a in amax_in[1:]:
-    amax = jnp.maximum(amax, a)  # NaN-propagating
-  s_out = _div_const(_div_const(amax, 448.0), 6.0)
-  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
-  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
-  codes, qss, s_ins = [], [], []
-  for parts, am in zip(xs, amax_in):
-    s_in = _e4m3_rne_satfinite(_div_const(div_rn(am, s_out), 6.0))
-    s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
+  s_out, s_ins = tile_scales(amax_in)
+  codes, qss = [], []
+  for parts, s_in in zip(xs, s_ins):
     s = s_in * s_out
     cs, qs = [], []
     for x in parts:
-      v = div_rn(x, lax.broadcast_in_dim(s, x.shape, [0]))
+      v = div_rn(x, lax.broadcast_in_dim(s, x.shape, [0]), positive_divisor=True)
       idx = _rne_e2m1_index(jnp.abs(v))
       neg = (v < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
@@ -132,7 +118,6 @@ def _quantize_tile(load_sub):
       qs.append(jnp.where(neg, -mag, mag))
     codes.append(tuple(cs))
     qss.append(tuple(qs))
-    s_ins.append(s_in)
   return codes, qss, s_ins, s_out
 
 

@@ -55,9 +55,8 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import _platform
-from pallas_kernels.nvfp4_quantize import (_F32_MAX, INNER, OUTER, _div_const, _e4m3_rne_satfinite, _index_magnitude,
-                                          div_rn, store_packed_tile)
-from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
+from pallas_kernels.nvfp4_quantize import INNER, OUTER, _index_magnitude, store_packed_tile, tile_scales
+from tetrajet_jax.numerics import NVFP4Tensor, div_rn, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 
 _GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
@@ -146,24 +145,17 @@ def _quantize_tile(evens, odds, key_rows, col0):
     likewise float32 q * s_in, s_in[c] float32 [bm], s_out float32 [bm].
   """
   amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
-  amax = amax_in[0]
-  for a in amax_in[1:]:
-    amax = jnp.maximum(amax, a)
-  s_out = _div_const(_div_const(amax, 448.0), 6.0)
-  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
-  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
+  s_out, s_ins = tile_scales(amax_in)
   bm = evens[0].shape[0]
   i2 = lax.broadcasted_iota(jnp.int32, (bm, 8), 1) * 2
   keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
-  codes, qss, s_ins = [], [], []
-  for c, (ev, od, am) in enumerate(zip(evens, odds, amax_in)):
-    s_in = _e4m3_rne_satfinite(_div_const(div_rn(am, s_out), 6.0))
-    s_in = jnp.where(s_in == 0.0, 2.0**-9, s_in)
+  codes, qss = [], []
+  for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
     s = lax.broadcast_in_dim(s_in * s_out, (bm, 8), [0])
     s_in_b = lax.broadcast_in_dim(s_in, (bm, 8), [0])
     cs, qs = [], []
     for parity, x in ((0, ev), (1, od)):
-      v = div_rn(x, s)
+      v = div_rn(x, s, positive_divisor=True)
       col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
       idx = _sr_index(jnp.abs(v), element_uniform(keys, col))
       neg = (v < 0.0) & (idx > 0)
@@ -172,7 +164,6 @@ def _quantize_tile(evens, odds, key_rows, col0):
       qs.append(jnp.where(neg, -mag, mag))
     codes.append(cs)
     qss.append(qs)
-    s_ins.append(s_in)
   return codes, qss, s_ins, s_out
 
 
