@@ -2,8 +2,8 @@
 
 Device work is asynchronous: every sample blocks on the outputs; compilation
 and first-call effects are excluded by warm-up calls; calls are timed inside
-one jitted loop; the median of repeats is reported. Speed is only ever reported as a ratio to a baseline timed in
-the same process.
+one jitted loop; the median of repeats is reported. Speed is only ever
+reported as a ratio to a baseline timed in the same process.
 """
 
 from __future__ import annotations

@@ -20,14 +20,27 @@ LogitsFn = Callable[[jax.Array], jax.Array]
 
 
 @jax.jit
-def _batch_stats(
+def batch_stats(
     logits: jax.Array, targets: jax.Array, weights: jax.Array, token_bytes: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(summed weighted NLL, summed weights, summed target bytes) of one batch
+  (also inside the trainer's sharded eval step)."""
   logp_BxTxV = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   target_logp_BxT = jnp.take_along_axis(logp_BxTxV, targets[..., None], axis=-1)[..., 0]
   nll = -(target_logp_BxT * weights).sum()
   n_bytes = (token_bytes[targets] * weights).sum()
   return nll, weights.sum(), n_bytes
+
+
+def padded_token_bytes(token_bytes: np.ndarray | None, vocab: int) -> np.ndarray:
+  """float32 [vocab] bytes per id; ids beyond the tokenizer's (a padded model
+  vocabulary) and ``token_bytes=None`` count zero bytes."""
+  tb = np.zeros(vocab, np.float32)
+  if token_bytes is not None:
+    if len(token_bytes) > vocab:
+      raise ValueError(f"model vocab {vocab} < tokenizer vocab {len(token_bytes)}")
+    tb[: len(token_bytes)] = token_bytes
+  return tb
 
 
 def evaluate_perplexity(
@@ -67,14 +80,8 @@ def evaluate_perplexity(
     if logits.shape[:2] != targets.shape:
       raise ValueError(f"logits_fn returned {logits.shape}, expected {targets.shape} + (vocab,)")
     if tb is None:
-      vocab = logits.shape[-1]
-      tb = np.zeros(vocab, np.float32)
-      if token_bytes is not None:
-        if len(token_bytes) > vocab:
-          raise ValueError(f"model vocab {vocab} < tokenizer vocab {len(token_bytes)}")
-        tb[: len(token_bytes)] = token_bytes
-      tb = jnp.asarray(tb)
-    nll, count, nb = _batch_stats(logits, targets, weights, tb)
+      tb = jnp.asarray(padded_token_bytes(token_bytes, logits.shape[-1]))
+    nll, count, nb = batch_stats(logits, targets, weights, tb)
     nll_sum += float(nll)
     n_tok += float(count)
     n_bytes += float(nb)

@@ -50,7 +50,7 @@ from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
-from tetrajet_jax.evaluation.perplexity import summarize_perplexity
+from tetrajet_jax.evaluation.perplexity import batch_stats, padded_token_bytes, summarize_perplexity
 from tetrajet_jax.model.configs import QUANT_BLOCK, ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2, lm_loss
 from tetrajet_jax.optim import osci_reset, osci_reset_metrics
@@ -497,10 +497,7 @@ class Trainer:
       def stats(params, model_vars, batch, token_bytes):
         model = nnx.merge(graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)
         logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        target_logp = jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)[..., 0]
-        w = batch["weights"]
-        return -(target_logp * w).sum(), w.sum(), (token_bytes[batch["targets"]] * w).sum()
+        return batch_stats(logits, batch["targets"], batch["weights"], token_bytes)
 
       _EVAL_FNS[key] = jax.jit(
           stats, in_shardings=(self._state_shardings["params"], self._state_shardings["model"],
@@ -520,13 +517,8 @@ class Trainer:
     ds = make_val_dataset(self.data.val_tokens, seq_len=self.config.seq_len,
                           batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
                           shard_count=jax.process_count(), pad_id=self.data.pad_id)
-    vocab = self.model_config.padded_vocab
-    tb = np.zeros(vocab, np.float32)
-    if self.data.token_bytes is not None:
-      if len(self.data.token_bytes) > vocab:
-        raise ValueError(f"model vocab {vocab} < tokenizer vocab {len(self.data.token_bytes)}")
-      tb[: len(self.data.token_bytes)] = self.data.token_bytes
-    tb = sharding_lib.replicated_input(tb, self.mesh)
+    tb = sharding_lib.replicated_input(
+        padded_token_bytes(self.data.token_bytes, self.model_config.padded_vocab), self.mesh)
     fn = self._eval_fn()
     nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
     for i, local in enumerate(ds):
