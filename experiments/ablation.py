@@ -396,21 +396,30 @@ def comparison(finals: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[lis
   return header, rows, notes
 
 
+def fmt_ratio(v: float | None) -> str:
+  """``0.42x``, or n/a."""
+  return _fmt(v, ".2f") + ("x" if v is not None else "")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+  """The lines of a Markdown table."""
+  return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+          + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def throughput_table(finals: dict[str, dict[str, Any]]) -> str:
   """Markdown table of a --stop-after probe: median tokens/s per arm and its ratio to bf16."""
   ref = finals.get("bf16", {}).get("tokens_per_s")
-  lines = ["| arm | steps | tokens/s | vs bf16 |", "|---|---|---|---|"]
+  rows = []
   for arm, f in finals.items():
     rate = f.get("tokens_per_s")
-    ratio = _fmt(rate / ref, ".2f") + "x" if rate and ref else "n/a"
-    lines.append(f"| {arm} | {f.get('step', f.get('steps', 'n/a'))} | {_fmt(rate, ',.0f')} | {ratio} |")
-  return "\n".join(lines)
+    rows.append([arm, str(f.get("step", f.get("steps", "n/a"))), _fmt(rate, ",.0f"),
+                 fmt_ratio(rate / ref if rate and ref else None)])
+  return "\n".join(markdown_table(["arm", "steps", "tokens/s", "vs bf16"], rows))
 
 
 def write_tables(out: Path, header: list[str], rows: list[list[str]], notes: list[str]) -> str:
-  md = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-  md += ["| " + " | ".join(r) + " |" for r in rows]
-  text = "\n".join(md) + "\n" + "".join(f"\n{n}" for n in notes) + "\n"
+  text = "\n".join(markdown_table(header, rows)) + "\n" + "".join(f"\n{n}" for n in notes) + "\n"
   (out / "results.md").write_text(text, encoding="utf-8")
   with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
     w = csv.writer(f)

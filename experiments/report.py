@@ -42,7 +42,7 @@ import numpy as np
 
 from experiments import plots
 from experiments.ablation import _fmt as fmt  # the runner's n/a-aware number format
-from experiments.ablation import comparison, gap_closure
+from experiments.ablation import comparison, fmt_ratio, gap_closure, markdown_table
 from tetrajet_jax.train.arms import ARMS
 from tetrajet_jax.train.metrics import read_jsonl
 
@@ -332,17 +332,8 @@ def display(path: Path) -> str:
     return str(path)
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-  return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-          + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def _percent(v: float | None, spec: str = ".1f") -> str:
   return fmt(None if v is None else 100 * v, spec) + ("%" if v is not None else "")
-
-
-def _times(v: float | None) -> str:
-  return fmt(v, ".2f") + ("x" if v is not None else "")
 
 
 def _span(values: list[int]) -> str:
@@ -463,7 +454,7 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
       rate = folder.rate(name)
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
-                      + [closure, fmt(rate, ",.0f"), _times(rate / bf16_rate if rate and bf16_rate else None)])
+                      + [closure, fmt(rate, ",.0f"), fmt_ratio(rate / bf16_rate if rate and bf16_rate else None)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
@@ -617,7 +608,7 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   rates = {a: ref.rate(a) for a in ref.listed_arms}
   devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
   fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
-  speed = (f"FP4 arms run at {_times(min(fp4))} to {_times(max(fp4))} bf16's tokens/s here" if fp4
+  speed = (f"FP4 arms run at {fmt_ratio(min(fp4))} to {fmt_ratio(max(fp4))} bf16's tokens/s here" if fp4
            else "n/a (needs bf16 and an FP4 arm with tokens/s)")
   lines.append(_claim("Speed", speed,
                       f"Device: {devices}. Hopper GPUs (H100/H200) have no FP4 tensor cores (FP4 is decoded to "
