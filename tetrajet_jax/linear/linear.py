@@ -160,37 +160,50 @@ def _w_hat(kernel: jax.Array, outlier_idx, recipe: Recipe, keys: _Keys) -> jax.A
   return jnp.zeros(kernel.shape, jnp.float32).at[rest].set(w_rest).at[outlier_idx].set(w_out)
 
 
+class _BackwardOperands(NamedTuple):
+  w_src: jax.Array  # W_hat (aligned) or W, [K, N]: what Q4 quantizes after the RHT
+  x_hat: Any  # X_hat [M, K'] that Q6 re-quantizes (aligned), or None
+  a3: Any  # Q3(H dY)      [M, Np]  along N
+  b4: Any  # Q4(H W^T)     [K, Np]  along N
+  a5: Any  # Q5(H dY^T)    [N, Mp]  along tokens
+  b6: Any  # Q6(H X^T)     [K', Mp] along tokens
+
+
+def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _BackwardOperands:
+  """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect)."""
+  keys = _split_keys(res.key, recipe)
+  # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
+  # XLA path widens it to float32 (exact).
+  # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
+  w_src = _w_hat(res.kernel, res.outlier_idx, recipe, keys) if recipe.aligned_backward else res.kernel
+  a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, gemm=gemm)
+  b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True, gemm=gemm)
+  # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
+  dyp = pad_axis_to_multiple(dy, 0, OUTER_BLOCK)  # [Mp, N]
+  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)
+  x_hat = None
+  if recipe.aligned_backward:
+    x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'] (block scaling: K' is a multiple of 128, no crop)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm)
+  else:
+    b6 = res.q6_pre
+  return _BackwardOperands(w_src, x_hat, a3, b4, a5, b6)
+
+
 def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
   kernel, outlier_idx = res.kernel, res.outlier_idx
   k, n = kernel.shape
   m = dy.shape[0]
-  keys = _split_keys(res.key, recipe)
-  dy_in = dy  # kept in its dtype (bf16) for the fused quantizer: half the bytes, same values
-  dy = dy.astype(jnp.float32)  # [M, N]
-
-  # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
-  w_src = _w_hat(kernel, outlier_idx, recipe, keys) if recipe.aligned_backward else kernel
-  a3 = _quantize_rht(dy_in, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, gemm=gemm)  # [M, Np]
-  b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True,
-                     gemm=gemm)  # [K, Np]
-  dx = gemm_nt(a3, b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
-
-  # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
-  dyp = pad_axis_to_multiple(dy_in, 0, OUTER_BLOCK)  # [Mp, N]
-  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)  # [N, Mp]
-  if recipe.aligned_backward:
-    x_hat = _values(res.x_fwd)[:m]  # [M, K'] (block scaling: K' is a multiple of 128, no crop)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm)
-  else:
-    b6 = res.q6_pre
-  dw_fp4 = gemm_nt(b6, a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]
+  ops = _backward_operands(recipe, gemm, res, dy)
+  dx = gemm_nt(ops.a3, ops.b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
+  dw_fp4 = gemm_nt(ops.b6, ops.a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]
   if outlier_idx is None:
     dw = dw_fp4
   else:
     # Outlier channels: MXFP8 dY^T x MXFP8 X_hat_out^T along M, no RHT, no SR.
     x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :outlier_idx.shape[0]]  # [M, n_out]
-    dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy, axis=0), mode=gemm,
-                     out_dtype=jnp.float32)  # [n_out, N]
+    dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy.astype(jnp.float32), axis=0),
+                     mode=gemm, out_dtype=jnp.float32)  # [n_out, N]
     rest = _complement(outlier_idx, k)
     dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[outlier_idx].set(dw_out)
   return dx, dw[:k]
