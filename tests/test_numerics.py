@@ -59,7 +59,7 @@ def test_div_rn_is_the_ieee_quotient(rng, mode):
   x = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
   y = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
   # Exact quotients, a / a, the GPU counterexample 4.6875 / 0.9375, a subnormal
-  # dividend (XLA treats subnormal operands as zero on CPU and GPU alike).
+  # dividend (div_rn flushes subnormal operands to zero on every backend).
   a = (rng.uniform(1, 2, 1000) * np.exp2(rng.integers(-20, 20, 1000))).astype(np.float32)
   x = np.concatenate([x, a, np.float32(4.6875) * np.ones(4, np.float32), [0.0, -0.0, 1e-40]]).astype(np.float32)
   y = np.concatenate([y, a, np.float32(0.9375) * np.ones(4, np.float32), [3.0, 7.0, 448.0]]).astype(np.float32)
