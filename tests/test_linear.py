@@ -73,6 +73,8 @@ def test_tetrajet_backward_matches_reference_with_fixed_key(rng, key):
   x = rng.standard_normal((m, 128)).astype(np.float32)
   w = (rng.standard_normal((128, 256)) * 0.05).astype(np.float32)
   dy = rng.standard_normal((m, 256)).astype(np.float32)
+  # dy is float32 and becomes the bf16 cotangent inside the jit: on the GPU this
+  # also checks that the layer quantizes the bf16 values (see linear._as_rounded).
   _, dx, dw = jax.jit(lambda *a: grads("tetrajet_v2", *a))(jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), key)
   dy_seen = np.asarray(jnp.asarray(dy, jnp.bfloat16).astype(jnp.float32))  # y's cotangent is bf16
   want_ops = {}

@@ -27,6 +27,7 @@ import functools
 from typing import Any, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
@@ -118,7 +119,21 @@ class _Residuals(NamedTuple):
   x_dtype: jax.Array  # empty array carrying x's dtype (dX is returned in it)
 
 
+def _as_rounded(a: jax.Array) -> jax.Array:
+  """`a` with its values really rounded to its (narrow) dtype.
+
+  When the caller computed a bf16 x or dY from float32 inside the same jit
+  (`h.astype(bf16)`, the cotangent of a bf16 output), XLA's GPU pipeline may
+  drop the f32 -> bf16 -> f32 round trip into our quantizers
+  (xla_allow_excess_precision), so the layer would quantize values the bf16
+  type does not hold, and GPU and CPU would quantize different inputs. The
+  barrier makes the rounded bf16 array a value of its own.
+  """
+  return lax.optimization_barrier(a) if jnp.dtype(a.dtype).itemsize < 4 else a
+
+
 def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
+  x = _as_rounded(x)
   m, k = x.shape
   keys = _split_keys(key, recipe)
   if outlier_idx is None:
@@ -172,6 +187,7 @@ class _BackwardOperands(NamedTuple):
 def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _BackwardOperands:
   """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect)."""
   keys = _split_keys(res.key, recipe)
+  dy = _as_rounded(dy)
   # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
   # XLA path widens it to float32 (exact).
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
