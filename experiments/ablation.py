@@ -471,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     final = run_arm(plan, arm, data, eval_dir)
     finals[arm.name] = final
     if final["status"] == "paused":
+      # --stop-after probe: after every arm, so a probe cut off by a time
+      # limit still leaves the arms it measured.
+      probe = {a: {"steps": f.get("step"), "tokens_per_s": f.get("tokens_per_s")} for a, f in finals.items()}
+      write_json_atomic(plan.out / "throughput.json", probe)
       continue
     if final["status"] == "interrupted":
       print(f"interrupted at step {final['step']} of {arm.name}; continue with the same command plus --resume "
@@ -479,8 +483,6 @@ def main(argv: list[str] | None = None) -> int:
     if final["status"] != "completed":
       status = 1
   if args.stop_after is not None:
-    probe = {a: {"steps": f.get("step"), "tokens_per_s": f.get("tokens_per_s")} for a, f in finals.items()}
-    (plan.out / "throughput.json").write_text(json.dumps(probe, indent=2) + "\n", encoding="utf-8")
     print(throughput_table(finals))
     return status
   # Arms finished earlier, or by runners of other arms of this folder, join the table too.

@@ -16,7 +16,7 @@
 # arms just filled, run one arm at a time for PROBE_STEPS steps.
 #
 #   JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
-#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 bash scripts/h200_ablation.sh
+#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] bash scripts/h200_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
 RETURN="${OUT:-results/h200}"
@@ -94,16 +94,28 @@ tar -czf "$RETURN/ablation.tgz" "${files[@]}"  # now, in case the probe is cut o
 
 # Throughput of each arm alone (seed of the first job), same compiled steps;
 # stored beside that seed's arms as throughput_alone.json (read by the report).
+# PROBE_ARMS (default: the first job's arms) should include bf16, the ratios'
+# baseline. Figures of earlier probes in throughput_alone.json are kept unless
+# this probe measures the same arm again (a carried-in file is merged).
 if [ "$PROBE_STEPS" -gt 0 ]; then
   first=${JOBS%% *}
-  echo "=== throughput probe: ${first#*:}, $PROBE_STEPS steps each" | tee -a "$LOG"
+  probe_arms=${PROBE_ARMS:-${first#*:}}
+  alone="$(run_dir "${first%%:*}")/throughput_alone.json"
+  echo "=== throughput probe: $probe_arms, $PROBE_STEPS steps each" | tee -a "$LOG"
   timeout -k 10 "$PROBE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "${first%%:*}" \
-    --arms "${first#*:}" --out "$WORK/probe" --stop-after "$PROBE_STEPS" --eval-every 0 \
+    --arms "$probe_arms" --out "$WORK/probe" --stop-after "$PROBE_STEPS" --eval-every 0 \
     --checkpoint-every 100000 >"$RETURN/throughput_probe.log" 2>&1
   tail -n 12 "$RETURN/throughput_probe.log" | tee -a "$LOG"
   if [ -f "$WORK/probe/throughput.json" ]; then
-    cp "$WORK/probe/throughput.json" "$(run_dir "${first%%:*}")/throughput_alone.json"
-    tar -czf "$RETURN/ablation.tgz" "${files[@]}" "$(run_dir "${first%%:*}")/throughput_alone.json"
+    python3 - "$WORK/probe/throughput.json" "$alone" "$COMMIT" <<'PY'
+import json, sys
+from pathlib import Path
+new, old, commit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+merged = json.loads(old.read_text()) if old.is_file() else {}
+merged.update({arm: dict(fig, commit=commit) for arm, fig in json.loads(new.read_text()).items()})
+old.write_text(json.dumps(merged, indent=2) + "\n")
+PY
+    tar -czf "$RETURN/ablation.tgz" "${files[@]}" "$alone"
   fi
 fi
 echo "done in $((SECONDS - t0)) s" | tee -a "$LOG"
