@@ -103,9 +103,11 @@ def test_checkpoint_restores_on_another_mesh_and_continues(results, which, src):
   cont = r["history"][0]
   assert cont["step"] == 2
   # Same state, same batch (the grain position is restored): the step-2 loss is the same forward on
-  # another mesh. Only the order of the cross-device loss reduction may differ: within 2 ulp (seen:
-  # bitwise before the correctly rounded division landed, 1 ulp after; the quantized values are equal).
-  assert cont["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=2.5e-7, abs=0)
+  # another mesh. Only the order of the float32 reductions may differ (per-device partial sums, and
+  # XLA's fusion choices): for a mean of 1024 positive token losses, reordering moves it by at most
+  # ~log2(1024) * 2^-24 = 6e-7 relative (seen: 0-3 ulp, 7e-8 to 3.2e-7, depending on the
+  # commit). One different quantized value would move it by ~1e-4.
+  assert cont["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=1e-6, abs=0)
   for k in ("train/grad_norm", "train/param_norm"):
     assert cont[k] == pytest.approx(uninterrupted[k], rel=1e-5), k
 
