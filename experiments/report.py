@@ -139,10 +139,18 @@ class RunFolder:
   # when the arms themselves were trained side by side.
   throughput_alone: dict | None = None
 
-  def rate(self, arm: str) -> float | None:
-    """tokens/s of the arm: alone on the GPU when probed, else final.json's median."""
+  @property
+  def shared_gpu(self) -> bool:
+    """Whether a device run of this folder trained several arms side by side on one GPU."""
+    return any(int(r.get("concurrent_processes", 1)) > 1 for r in self.provenance or [])
+
+  def speed(self, arm: str) -> float | None:
+    """tokens/s that measure the arm's speed: alone on the GPU when probed, else
+    final.json's median if the arms did not share the GPU, else None."""
     alone = (self.throughput_alone or {}).get(arm, {}).get("tokens_per_s")
-    return alone if alone else self.arm(arm).tokens_per_s
+    if alone:
+      return alone
+    return None if self.shared_gpu else self.arm(arm).tokens_per_s
 
   @property
   def exists(self) -> bool:
@@ -449,12 +457,13 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
   for folder in folders:
     finals = {a: folder.arm(a).final or {"status": folder.arm(a).status} for a in folder.listed_arms}
     header, rows, _ = comparison(finals, tasks)
-    bf16_rate = folder.rate("bf16")
+    bf16_speed = folder.speed("bf16")
     for name, row in zip(finals, rows):
-      rate = folder.rate(name)
+      speed = folder.speed(name)
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
-                      + [closure, fmt(rate, ",.0f"), fmt_ratio(rate / bf16_rate if rate and bf16_rate else None)])
+                      + [closure, fmt(speed or folder.arm(name).tokens_per_s, ",.0f"),
+                         fmt_ratio(speed / bf16_speed if speed and bf16_speed else None)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
@@ -463,10 +472,11 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                + (f"; {_span(docs)} questions per task, so one accuracy has a binomial standard "
                   f"error up to {accuracy_standard_error(min(docs)):.3f}" if docs else "") + ". "
                f"Gap closure = (PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16), computed within "
-               f"{folders[0].label} only. Tokens/s: median over the training steps (final.json); the ratio is to "
-               "bf16 of the same folder, from each arm trained alone on the GPU where the folder has that "
-               "probe (throughput_alone.json: arms trained side by side share the GPU, so their own "
-               "tokens/s only bound the speed).")
+               f"{folders[0].label} only. Tokens/s: median over the training steps, of the arm trained alone "
+               "where the folder has that probe, else final.json's; the ratio is to "
+               "bf16 of the same folder, from each arm trained alone on the GPU (throughput_alone.json); "
+               "n/a where arms trained side by side on one GPU and no such probe covers them, since "
+               "shared-GPU tokens/s only bound the speed.")
   return lines + [""]
 
 
@@ -605,11 +615,11 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   lines.append(loss_claim("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
   lines.append(loss_claim("OutControl helps on top of OsciReset", "tetrajet_v2_full", "tetrajet_v2_oscireset"))
 
-  rates = {a: ref.rate(a) for a in ref.listed_arms}
+  rates = {a: ref.speed(a) for a in ref.listed_arms}
   devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
   fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
   speed = (f"FP4 arms run at {fmt_ratio(min(fp4))} to {fmt_ratio(max(fp4))} bf16's tokens/s here" if fp4
-           else "n/a (needs bf16 and an FP4 arm with tokens/s)")
+           else "n/a (needs bf16 and an FP4 arm with tokens/s measured alone on the GPU)")
   lines.append(_claim("Speed", speed,
                       f"Device: {devices}. Hopper GPUs (H100/H200) have no FP4 tensor cores (FP4 is decoded to "
                       "bf16 before the MMA), so there this is not comparable with the paper's "

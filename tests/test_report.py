@@ -223,3 +223,18 @@ def test_throughput_alone_probe_replaces_shared_gpu_rates(tmp_path, folders):
   assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "0.40x"
   # An arm the probe did not cover keeps its own figure (800 vs bf16's probed 5000).
   assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "0.16x"
+
+
+def test_shared_gpu_rates_are_not_called_a_speed(tmp_path, folders):
+  """Arms trained side by side (provenance concurrent_processes > 1) without a
+  probe of each alone get no speed ratio: shared-GPU tokens/s only bound it."""
+  seed0, seed1 = folders
+  _write_json(seed0 / "provenance.json", [{"commit": "abc", "device": "NVIDIA H200", "concurrent_processes": 8}])
+  _write_json(seed0 / "throughput_alone.json", {"bf16": {"steps": 30, "tokens_per_s": 5000.0},
+                                                "tetrajet_v2": {"steps": 30, "tokens_per_s": 2000.0}})
+  text = run_report(tmp_path, [seed0, seed1])
+  rows = {(r["arm"], r["seed"]): r for r in table_rows(section(text, "Main table"))}
+  assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "0.40x"
+  assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "n/a"  # shared GPU, not probed
+  assert "FP4 arms run at 0.40x to 0.40x bf16's tokens/s" in section(text, "Discussion")
+
