@@ -101,6 +101,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--calib-start", type=int)
   p.add_argument("--calib-steps", type=int)
   p.add_argument("--gemm", default="fast")
+  p.add_argument("--no-scan-blocks", dest="scan_blocks", action="store_false",
+                 help="unroll the transformer blocks instead of one lax.scan per run of identical blocks "
+                      "(same numbers up to float summation order; compiles slower)")
   p.add_argument("--attention", default="xla", choices=["xla", "cudnn"])
   p.add_argument("--mesh", default=None,
                  help="device mesh, e.g. 'data=2,fsdp=4' (default: every device on data; fsdp splits "
@@ -209,7 +212,7 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
         total_steps=steps, warmup_steps=args.warmup, peak_lr=args.lr, seed=args.seed,
         data_seed=args.data_seed, osci_start=args.osci_start, osci_period=args.osci_period,
         osci_window=args.osci_window, calib_start=args.calib_start, calib_steps=args.calib_steps,
-        gemm=args.gemm, attention=args.attention, eval_every=args.eval_every,
+        gemm=args.gemm, scan_blocks=args.scan_blocks, attention=args.attention, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint_every=ckpt_every,
         keep_checkpoints=max(1, args.keep_checkpoints), layers=args.layers,
         mesh_data=mesh.get("data"), mesh_fsdp=mesh.get("fsdp", 1))

@@ -80,3 +80,16 @@ def test_bad_input_fails_before_compute(tmp_path, capsys, extra, message):
   assert ablation.main(_argv(tmp_path / "x", *extra)) == 2
   assert message in capsys.readouterr().err
   assert not (tmp_path / "x").exists()
+
+
+def test_scan_blocks_flag_reaches_the_config_not_the_run_identity(tmp_path):
+  """--no-scan-blocks unrolls the blocks; a results folder (and its checkpoints)
+  may mix both, since they compute the same model up to float summation order."""
+  argv = ["--model", "tiny", "--arms", "bf16,tetrajet_v2", "--tokens", "16384", "--batch-size", "2",
+          "--seq-len", "128", "--out", str(tmp_path)]
+  scanned = ablation.make_plan(ablation.parse_args(argv), vocab_size=512, train_tokens=100_000)
+  unrolled = ablation.make_plan(ablation.parse_args(argv + ["--no-scan-blocks"]), vocab_size=512,
+                                train_tokens=100_000)
+  assert all(c.scan_blocks for c in scanned.configs.values())
+  assert not any(c.scan_blocks for c in unrolled.configs.values())
+  assert ablation._run_identity(scanned) == ablation._run_identity(unrolled)  # pylint: disable=protected-access

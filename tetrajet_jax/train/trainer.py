@@ -94,6 +94,8 @@ class TrainConfig:
     monitor_oscillation: quantized arms without OsciReset measure the
       oscillating fraction on OsciReset's windows (`osci_monitor`).
     gemm: QuantLinear GEMM mode.
+    scan_blocks: run identical blocks as one lax.scan (`OLMo2`; compiles
+      one block graph instead of one per block).
     attention: ``"xla"`` or ``"cudnn"``.
     eval_every: periodic validation every N steps (0: only when asked).
     eval_batches: batches per periodic validation.
@@ -136,13 +138,15 @@ class TrainConfig:
   monitor_oscillation: bool = True
   mesh_data: int | None = None
   mesh_fsdp: int = 1
+  scan_blocks: bool = True
 
   # Fields that do not change a single number of the run; a checkpoint may be
   # resumed with other values.
   LOGGING_FIELDS = ("eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
-  # Where the run is placed: changes numbers only by float reduction order
-  # (tests/test_distributed.py), so a checkpoint restores onto any mesh.
-  PLACEMENT_FIELDS = ("mesh_data", "mesh_fsdp")
+  # Where and how the run is placed: changes numbers only by float reduction
+  # order (tests/test_distributed.py; scanned vs unrolled blocks:
+  # tests/test_model.py), so a checkpoint restores onto any mesh and layout.
+  PLACEMENT_FIELDS = ("mesh_data", "mesh_fsdp", "scan_blocks")
 
   def __post_init__(self):
     get_config(self.model)  # unknown names list the valid ones
@@ -309,7 +313,8 @@ class Trainer:
         base.with_vocab(data.vocab_size), attention=config.attention,
         num_layers=base.num_layers if config.layers is None else config.layers)
 
-    model = OLMo2(self.model_config, recipe=self.arm.recipe, rngs=nnx.Rngs(config.seed), gemm=config.gemm)
+    model = OLMo2(self.model_config, recipe=self.arm.recipe, rngs=nnx.Rngs(config.seed), gemm=config.gemm,
+                  scan_blocks=config.scan_blocks)
     self._param_filter = qnn.quantized_kernel_filter(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
