@@ -84,8 +84,7 @@ def _test_input(key, shape, dtype):
   return x.astype(dtype)
 
 
-def bench_quantizers(rows: list, log, quick: bool):
-  shapes = QUANT_SHAPES[:1] if quick else QUANT_SHAPES
+def bench_quantizers(rows: list, log, shapes: list):
   for shape in shapes:
     for dtype in (jnp.bfloat16, jnp.float32):
       x = _test_input(jax.random.key(1), shape, dtype)
@@ -152,9 +151,8 @@ def check_backward_quantizer(x, signs, key, axis: int) -> tuple[bool, str]:
   return True, ""
 
 
-def bench_backward_quantizers(rows: list, log, quick: bool):
+def bench_backward_quantizers(rows: list, log, shapes: list):
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first axis."""
-  shapes = QUANT_SHAPES[:1] if quick else QUANT_SHAPES
   key = jax.random.key(11)
   signs = hadamard_signs(key)
   for shape in shapes:
@@ -343,11 +341,14 @@ def main(argv=None):
   p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
   args = p.parse_args(argv)
   only = None if args.only is None else set(args.only.split(","))
+  quant_shapes = QUANT_SHAPES
   if args.quant_shapes:
     try:
-      QUANT_SHAPES[:] = [tuple(int(d) for d in s.split("x")) for s in args.quant_shapes.split(",")]
+      quant_shapes = [tuple(int(d) for d in s.split("x")) for s in args.quant_shapes.split(",")]
     except ValueError:
       p.error(f"--quant-shapes: expected ROWSxCOLS[,ROWSxCOLS...], got {args.quant_shapes!r}")
+  if args.quick:
+    quant_shapes = quant_shapes[:1]
   if only is not None and not only <= set(sections):
     p.error(f"--only: unknown section(s) {sorted(only - set(sections))}; valid: {', '.join(sections)}")
   dev = jax.devices()[0]
@@ -356,8 +357,8 @@ def main(argv=None):
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
-    for section, fn in (("quant", lambda: bench_quantizers(rows, log, args.quick)),
-                        ("bwdquant", lambda: bench_backward_quantizers(rows, log, args.quick)),
+    for section, fn in (("quant", lambda: bench_quantizers(rows, log, quant_shapes)),
+                        ("bwdquant", lambda: bench_backward_quantizers(rows, log, quant_shapes)),
                         ("gemm", lambda: bench_gemms(rows, log, args.quick)),
                         ("linear", lambda: bench_linear(rows, log))):
       if only is None or section in only:

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from tetrajet_jax.model import OLMo2, ModelConfig, get_config, lm_loss
+from tetrajet_jax.nn import quant_linear
 
 SMALL = ModelConfig(name="test", num_layers=2, d_model=128, num_heads=2, mlp_hidden=256, vocab_size=200)
 
@@ -191,8 +192,6 @@ def _loss_grads_state(model, tokens):
 @pytest.mark.parametrize("recipe", ["bf16", "nvidia_nvfp4", "tetrajet_v2_outcontrol"])
 def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
   """scan_blocks (one compiled block graph per run of equal blocks) computes the unrolled model."""
-  from tetrajet_jax.nn import quant_linear  # noqa: PLC0415
-
   cfg = ModelConfig(name="test", num_layers=4, d_model=128, num_heads=2, mlp_hidden=256, vocab_size=200)
   tokens = jax.random.randint(key, (2, 65), 0, cfg.vocab_size)
   out = {}
@@ -200,7 +199,7 @@ def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
     model = OLMo2(cfg, recipe=recipe, rngs=nnx.Rngs(0), scan_blocks=scan)
     quant_linear.set_outcontrol_phase(model, "calibrate")  # OutControl statistics must come back per block
     out[scan] = _loss_grads_state(model, tokens)
-  runs = [len(r) for r in model._block_runs()]  # pylint: disable=protected-access
+  runs = [len(blocks) for _, blocks in model._block_runs()]  # pylint: disable=protected-access
   assert runs == ([3, 1] if recipe == "nvidia_nvfp4" else [4])  # NVIDIA: the last block stays bf16
   (l1, g1, s1), (l0, g0, s0) = out[True], out[False]
   assert float(l1) == float(l0)  # the forward is the same computation

@@ -187,7 +187,6 @@ class _BackwardOperands(NamedTuple):
 def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _BackwardOperands:
   """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect)."""
   keys = _split_keys(res.key, recipe)
-  dy = _as_rounded(dy)
   # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
   # XLA path widens it to float32 (exact).
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
@@ -210,6 +209,7 @@ def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
   kernel, outlier_idx = res.kernel, res.outlier_idx
   k, n = kernel.shape
   m = dy.shape[0]
+  dy = _as_rounded(dy)  # for the FP4 operands and the MXFP8 outlier operand alike
   ops = _backward_operands(recipe, gemm, res, dy)
   dx = gemm_nt(ops.a3, ops.b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
   dw_fp4 = gemm_nt(ops.b6, ops.a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]

@@ -202,31 +202,31 @@ class OLMo2(nnx.Module):
     T = tokens_BxT.shape[1]
     positions_T = jnp.arange(T, dtype=jnp.int32)
     h_BxTxD = self.embed(tokens_BxT).astype(jnp.float32)
-    for run in self._block_runs():
-      if len(run) == 1 or not self.scan_blocks:
-        for block in run:
-          h_BxTxD = block(h_BxTxD, positions_T)
-      else:
-        h_BxTxD = _scan_blocks(run, h_BxTxD, positions_T)
+    if self.scan_blocks:
+      for graphdef, run in self._block_runs():
+        h_BxTxD = (run[0](h_BxTxD, positions_T) if len(run) == 1
+                   else _scan_blocks(graphdef, run, h_BxTxD, positions_T))
+    else:
+      for block in self.blocks:
+        h_BxTxD = block(h_BxTxD, positions_T)
     return self.lm_head(self.final_norm(h_BxTxD)).astype(jnp.float32)  # [B,T,V]
 
 
-  def _block_runs(self) -> list[list[Block]]:
-    """Consecutive blocks with the same structure (recipe, OutControl phase,
-    GEMM mode): each run is one lax.scan when scan_blocks is on."""
-    runs: list[list[Block]] = []
-    prev = None
+  def _block_runs(self) -> list[tuple[nnx.GraphDef, list[Block]]]:
+    """(graphdef, blocks) of each run of consecutive blocks with the same
+    structure (recipe, OutControl phase, GEMM mode): one lax.scan each."""
+    runs: list[tuple[nnx.GraphDef, list[Block]]] = []
     for block in self.blocks:
       graphdef = nnx.graphdef(block)
-      if runs and graphdef == prev:
-        runs[-1].append(block)
+      if runs and graphdef == runs[-1][0]:
+        runs[-1][1].append(block)
       else:
-        runs.append([block])
-      prev = graphdef
+        runs.append((graphdef, [block]))
     return runs
 
 
-def _scan_blocks(run: list[Block], h_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+def _scan_blocks(graphdef: nnx.GraphDef, run: list[Block], h_BxTxD: jax.Array,
+                 positions_T: jax.Array) -> jax.Array:
   """Applies the blocks of one run in order through a lax.scan over their stacked state.
 
   Why: XLA then compiles one block's graph instead of L copies. A quantized
@@ -237,7 +237,6 @@ def _scan_blocks(run: list[Block], h_BxTxD: jax.Array, positions_T: jax.Array) -
   state (quantization key counters, OutControl statistics) is written back
   after the scan, as the unrolled loop would leave it.
   """
-  graphdef = nnx.graphdef(run[0])
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.state(b) for b in run])
 
   def body(h, state):
