@@ -87,6 +87,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="train only this many steps of each arm's schedule, report their tokens/s and stop "
                       "(a throughput probe: same compiled step as the full run, so a warm compilation "
                       "cache makes it cheap; no evaluation, no final.json)")
+  p.add_argument("--precompile", action="store_true",
+                 help="only compile each unfinished arm's train step into the persistent compilation "
+                      "cache and exit (nothing trained or written): lets arms compile side by side on "
+                      "the host's cores before they run one at a time on the GPU")
   p.add_argument("--eval-every", type=int, help="periodic validation every N steps (0: off)")
   p.add_argument("--eval-batches", type=int, help="batches per periodic validation")
   p.add_argument("--final-eval-batches", type=int, help="cap on final validation batches (default: all)")
@@ -438,6 +442,28 @@ def enable_compile_cache() -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def precompile(plan: Plan, data) -> int:
+  """--precompile: fills the persistent compilation cache with each unfinished arm's train steps."""
+  from tetrajet_jax.train.trainer import TrainData, Trainer  # pylint: disable=import-outside-toplevel
+
+  if plan.args.no_compile_cache:
+    print("error: --precompile fills the persistent compilation cache; drop --no-compile-cache.", file=sys.stderr)
+    return 2
+  enable_compile_cache()
+  for arm in plan.arms:
+    if (plan.out / arm.name / "final.json").is_file():
+      print(f"{arm.name}: finished earlier, nothing to compile", flush=True)
+      continue
+    t0 = time.time()
+    trainer = Trainer(plan.configs[arm.name], TrainData.from_located(data), None, progress=False,
+                      tensorboard=False)
+    phases = trainer.precompile()
+    print(f"{arm.name}: train step compiled for phase(s) {', '.join(phases)} in {time.time() - t0:.1f} s",
+          flush=True)
+    trainer.close()
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   args = parse_args(argv)
@@ -454,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
   except (UsageError, ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if args.precompile:
+    return precompile(plan, data)
   if not args.no_compile_cache:
     enable_compile_cache()
   plan.out.mkdir(parents=True, exist_ok=True)

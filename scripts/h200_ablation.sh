@@ -12,11 +12,17 @@
 # leaves most of the H200 idle, so the arms compile side by side on the 16
 # cores and then share the GPU. Their tokens/s then measure a shared GPU; the
 # throughput of each arm alone comes from the probe at the end (PROBE_STEPS>0):
-# the same compiled steps, reloaded from the persistent compilation cache the
-# arms just filled, run one arm at a time for PROBE_STEPS steps.
+# the same compiled steps, reloaded from the persistent compilation cache,
+# run one arm at a time for PROBE_STEPS steps.
+# PRECOMPILE_LIMIT>0 (the default) first compiles every unfinished arm's steps
+# and the probe's into that cache, all side by side (`--precompile`: no GPU
+# memory held), so the probe loads instead of compiling, and no arm's
+# compilation overlaps another arm's training. Each 20m arm holds ~20-25 GiB
+# of GPU memory while it trains (XLA attention's score tensors): five at once
+# ran out of the H200's memory, so give at most four arms at a time.
 #
 #   JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
-#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] bash scripts/h200_ablation.sh
+#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] bash scripts/h200_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
 RETURN="${OUT:-results/h200}"
@@ -28,6 +34,7 @@ LIMIT="${LIMIT:-420}"
 PARALLEL="${PARALLEL:-1}"
 PROBE_STEPS="${PROBE_STEPS:-0}"
 PROBE_LIMIT="${PROBE_LIMIT:-120}"
+PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # The ablation's fixed settings: change them only with new results folders.
 FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
@@ -39,6 +46,31 @@ source scripts/device_env.sh
 
 t0=$SECONDS
 date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+if [ "$PRECOMPILE_LIMIT" -gt 0 ]; then
+  pids=()
+  seen=""
+  first=${JOBS%% *}
+  probe_job=""
+  [ "$PROBE_STEPS" -gt 0 ] && probe_job="${first%%:*}:${PROBE_ARMS:-${first#*:}}"
+  for job in $JOBS "probe$probe_job"; do
+    [ "$job" = probe ] && continue
+    out=$(run_dir "${job%%:*}")
+    case $job in probe*) job=${job#probe}; out="$WORK/probe" ;; esac  # the probe's own folder
+    seed=${job%%:*}
+    arms=${job#*:}
+    for arm in ${arms//,/ }; do
+      case " $seen " in *" $seed:$arm "*) continue ;; esac  # same seed, same arm: same compiled step
+      seen="$seen $seed:$arm"
+      timeout -k 10 "$PRECOMPILE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "$seed" --arms "$arm" \
+        --out "$out" --resume --precompile >"$WORK/precompile_${seed}_${arm}_$(basename "$out").log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  wait "${pids[@]}"
+  echo "=== precompiled in $((SECONDS - t0)) s:" | tee -a "$LOG"
+  cat "$WORK"/precompile_*.log | grep -E "compiled|nothing to compile|rror" | tee -a "$LOG"
+fi
+t_arms=$SECONDS
 pids=()
 n_procs=0
 for job in $JOBS; do
@@ -57,7 +89,7 @@ for job in $JOBS; do
   done
 done
 wait "${pids[@]}"
-wall=$((SECONDS - t0))
+wall=$((SECONDS - t_arms))
 for f in "$WORK"/run_*.log; do
   echo "--- $(basename "$f")" >>"$LOG"
   grep -E "compiled and dispatched|done:|error|Error|interrupted|warning" "$f" | tail -n 8 >>"$LOG"

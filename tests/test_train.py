@@ -135,3 +135,40 @@ def test_bad_input_is_rejected_before_compute():
     TrainConfig(model="7b", arm="bf16", batch_size=1, seq_len=128, total_steps=10)
   with pytest.raises(ValueError, match="warmup_steps=10 must be in"):
     TrainConfig(model="tiny", arm="bf16", batch_size=1, seq_len=128, total_steps=10, warmup_steps=10)
+
+
+def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
+  """--precompile's contract: each OutControl phase's step is compiled into the
+  on-disk cache, the state is left alone, and training then loads, not compiles."""
+  import jax
+  from jax._src import compilation_cache, monitoring
+
+  cfg = _cfg("tetrajet_v2_outcontrol", calib_start=2, calib_steps=2, total_steps=6)
+  saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
+                                               "jax_persistent_cache_min_compile_time_secs",
+                                               "jax_persistent_cache_min_entry_size_bytes")}
+  hits = []
+  listener = lambda event, **kw: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    trainer = Trainer(cfg, data, progress=False, tensorboard=False)
+    before = jax.tree.map(np.asarray, trainer.state)
+    assert trainer.precompile() == ["fp4", "calibrate", "frozen"]
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.state), before)
+    assert trainer.step == 0
+    assert len(list((tmp_path / "cache").iterdir())) >= 3
+    # A fresh trainer of the same run (as in another process) finds its steps on disk.
+    from tetrajet_jax.train import trainer as trainer_module
+    trainer_module._STEP_FNS.clear()
+    monitoring.register_event_listener(listener)
+    Trainer(cfg, data, progress=False, tensorboard=False).train()
+    assert len(hits) >= 3, hits
+  finally:
+    if listener in monitoring.get_event_listeners():
+      monitoring.unregister_event_listener(listener)
+    for k, v in saved.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()

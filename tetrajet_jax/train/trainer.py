@@ -32,6 +32,7 @@ ever saved; a NaN/Inf loss, gradient or parameter norm stops the run with
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -469,6 +470,33 @@ class Trainer:
     if key not in _STEP_FNS:
       _STEP_FNS[key] = self._make_step()
     return _STEP_FNS[key]
+
+  def precompile(self) -> list[str]:
+    """Compiles the train step of every OutControl phase the rest of the run goes through.
+
+    Nothing runs and the state is untouched. Useful with JAX's persistent
+    compilation cache on (`jax_compilation_cache_dir`): several runs compile
+    side by side on a many-core host, then each loads its steps from the cache
+    when it takes its turn on the GPU. Returns the phases compiled.
+    """
+    spec = jax.ShapeDtypeStruct((self.config.batch_size, self.config.seq_len), jnp.int32,
+                                sharding=self._batch_sharding)
+    batch = {"inputs": spec, "targets": spec}
+    phases = list(dict.fromkeys(self._phase_for_update(s) for s in range(self.step, self.config.total_steps)))
+    graphdef, lowered = self._graphdef, []
+    try:
+      for phase in phases:
+        if phase != self._phase:  # the phase flag is static: it selects the step's graph
+          model = self.model()
+          qnn.set_outcontrol_phase(model, phase)
+          self._graphdef = nnx.graphdef(model)
+        lowered.append(self._step_fn().lower(self.state, batch))
+    finally:
+      self._graphdef = graphdef
+    # XLA compiles outside the GIL: an OutControl run's three phases compile at once.
+    with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
+      list(pool.map(lambda low: low.compile(), lowered))
+    return phases
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
     """``tokens int32[B,T] -> float32 logits`` with the current state (no state change).
