@@ -316,9 +316,13 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
     print(f"{arm.name}: stopped after {result.step} steps (--stop-after): median tokens/s {_fmt(rate, ',.0f')}, "
           f"{time.time() - t0:.0f} s", flush=True)
     return {"arm": arm.name, "status": "paused", "step": result.step, "tokens_per_s": rate}
-  print(f"{arm.name}: final validation ...", flush=True)
+  t_train = time.time() - t0
+  print(f"{arm.name}: trained in {t_train:.0f} s; final validation ...", flush=True)
   val = trainer.evaluate(max_batches=plan.args.final_eval_batches)
+  t_val = time.time() - t0 - t_train
   downstream = _downstream(trainer, data.tokenizer(), plan.tasks, plan.args.downstream_limit, eval_dir)
+  t_down = time.time() - t0 - t_train - t_val
+  print(f"{arm.name}: final validation {t_val:.0f} s, downstream {t_down:.0f} s", flush=True)
   trainer.close()
   rate = _median_tokens_per_s(arm_dir)
   final = {"arm": arm.name, "status": "completed", "steps": result.step,
@@ -327,7 +331,8 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
            "tokens_per_s": rate,
            "model_tflops_per_s": (rate * trainer.model_config.flops_per_token(plan.args.seq_len) / 1e12
                                   if rate else None),
-           "wall_s_this_session": time.time() - t0}
+           "wall_s_this_session": time.time() - t0,
+           "wall_s_parts": {"train": t_train, "final_validation": t_val, "downstream": t_down}}
   write_json_atomic(final_path, final)
   # One line per finished arm, so a run cut short still reports what it measured.
   print(f"{arm.name}: done: val loss {val['loss']:.4f}, PPL {val['ppl']:.3f}, median tokens/s "

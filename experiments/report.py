@@ -462,7 +462,7 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
       speed = folder.speed(name)
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
-                      + [closure, fmt(speed or folder.arm(name).tokens_per_s, ",.0f"),
+                      + [closure, _speed_cell(speed, folder.arm(name).tokens_per_s),
                          fmt_ratio(speed / bf16_speed if speed and bf16_speed else None)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
@@ -472,11 +472,10 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                + (f"; {_span(docs)} questions per task, so one accuracy has a binomial standard "
                   f"error up to {accuracy_standard_error(min(docs)):.3f}" if docs else "") + ". "
                f"Gap closure = (PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16), computed within "
-               f"{folders[0].label} only. Tokens/s: median over the training steps, of the arm trained alone "
-               "where the folder has that probe, else final.json's; the ratio is to "
-               "bf16 of the same folder, from each arm trained alone on the GPU (throughput_alone.json); "
-               "n/a where arms trained side by side on one GPU and no such probe covers them, since "
-               "shared-GPU tokens/s only bound the speed.")
+               f"{folders[0].label} only. Tokens/s: median over the training steps of the arm alone on the "
+               "GPU (throughput_alone.json, else final.json of a run with no other arm beside it); an arm "
+               "that only trained side by side with others shows final.json's figure marked '(shared GPU)', "
+               "a lower bound, and no ratio. The ratio is to bf16 of the same folder.")
   return lines + [""]
 
 
@@ -670,6 +669,12 @@ def command_line(args: argparse.Namespace) -> str:
   if args.figures.resolve() != DEFAULT_FIGURES.resolve():
     parts += ["--figures", display(args.figures)]
   return " ".join(parts)
+
+
+def _speed_cell(alone: float | None, final: float | None) -> str:
+  if alone:
+    return fmt(alone, ",.0f")
+  return f"{fmt(final, ',.0f')} (shared GPU)" if final else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,7 +92,8 @@ wait "${pids[@]}"
 wall=$((SECONDS - t_arms))
 for f in "$WORK"/run_*.log; do
   echo "--- $(basename "$f")" >>"$LOG"
-  grep -E "compiled and dispatched|done:|error|Error|interrupted|warning" "$f" | tail -n 8 >>"$LOG"
+  grep -E "compiled and dispatched|trained in|final validation|done:|error|Error|interrupted|warning" "$f" \
+    | tail -n 8 >>"$LOG"
 done
 
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -123,6 +124,16 @@ PY
   done
 done
 tar -czf "$RETURN/ablation.tgz" "${files[@]}"  # now, in case the probe is cut off
+# Arms cut off by LIMIT: their metrics so far (perf/elapsed_s, perf/eval_s show
+# where the time went), not results: they restart from scratch next call.
+partial=()
+for job in $JOBS; do
+  for d in "$(run_dir "${job%%:*}")"/*/; do
+    d=${d%/}
+    [ ! -f "$d/final.json" ] && [ -f "$d/metrics.jsonl" ] && partial+=("$d/metrics.jsonl")
+  done
+done
+[ ${#partial[@]} -gt 0 ] && tar -czf "$RETURN/partial_metrics.tgz" "${partial[@]}" "$WORK"/run_*.log
 
 # Throughput of each arm alone (seed of the first job), same compiled steps;
 # stored beside that seed's arms as throughput_alone.json (read by the report).

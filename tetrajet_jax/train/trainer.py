@@ -342,6 +342,7 @@ class Trainer:
                                  peak=peak_flops())
     self.last_good_checkpoint: int | None = None
     self.history: list[dict[str, float]] = []  # host metrics of this session's steps
+    self._t_train = time.perf_counter()  # reset by train()
     self._stop_signal: str | None = None
     if self.workdir is not None:
       self.workdir.mkdir(parents=True, exist_ok=True)
@@ -588,6 +589,9 @@ class Trainer:
     """Reads one step's metrics (blocking on that step only), checks them, logs them."""
     host = to_host(metrics)
     host.update(self.throughput.tick())
+    # Wall clock since this session's train() began: with the eval times it
+    # shows where a run's time went (compiles, phase switches, evaluations).
+    host["perf/elapsed_s"] = time.perf_counter() - self._t_train
     bad = [k for k in ("train/loss", "train/grad_norm", "train/param_norm") if not math.isfinite(host[k])]
     if self.writer is not None:
       self.writer.write(step, host)
@@ -637,6 +641,7 @@ class Trainer:
     pending = None
     self._stop_signal = None
     self.throughput.reset()
+    self._t_train = time.perf_counter()
     try:
       with self._signals():
         while self.step < end:
@@ -663,8 +668,10 @@ class Trainer:
           if save:
             self.save()
           if evaluate:
+            t_eval = time.perf_counter()
             val = self.evaluate(max_batches=cfg.eval_batches)
             vals = {f"val/{k}": v for k, v in val.items() if k in ("loss", "ppl", "bits_per_byte")}
+            vals["perf/eval_s"] = time.perf_counter() - t_eval  # the first one includes compiling
             if self.writer is not None:
               self.writer.write(step, vals)
             last.update(vals)
