@@ -272,6 +272,9 @@ def demo_data(cache_root: Path | None = None):
   return locate.locate_data(name, bundle_dir=root / "_no_bundle", cache_dir=root, verify=True)
 
 
+DOWNSTREAM_BATCH = 32  # rows per downstream scoring call
+
+
 def _downstream(trainer, tokenizer, tasks: list[str], limit: int | None, eval_dir) -> dict[str, Any]:
   from tetrajet_jax.evaluation.downstream import evaluate_downstream  # pylint: disable=import-outside-toplevel
 
@@ -279,7 +282,7 @@ def _downstream(trainer, tokenizer, tasks: list[str], limit: int | None, eval_di
   for task in tasks:
     try:
       res = evaluate_downstream(trainer.logits_fn(), tokenizer, [task], limit=limit,
-                                max_len=trainer.config.seq_len, batch_size=32, eval_dir=eval_dir)[task]
+                                max_len=trainer.config.seq_len, batch_size=DOWNSTREAM_BATCH, eval_dir=eval_dir)[task]
     except (OSError, ValueError, RuntimeError) as e:
       print(f"warning: downstream task {task} skipped: {type(e).__name__}: {e}", file=sys.stderr)
       continue
@@ -449,6 +452,7 @@ def enable_compile_cache() -> None:
 
 def precompile(plan: Plan, data) -> int:
   """--precompile: fills the persistent compilation cache with each unfinished arm's train steps."""
+  from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train.trainer import TrainData, Trainer  # pylint: disable=import-outside-toplevel
 
   if plan.args.no_compile_cache:
@@ -462,9 +466,10 @@ def precompile(plan: Plan, data) -> int:
     t0 = time.time()
     trainer = Trainer(plan.configs[arm.name], TrainData.from_located(data), None, progress=False,
                       tensorboard=False)
-    phases = trainer.precompile()
-    print(f"{arm.name}: train step compiled for phase(s) {', '.join(phases)} in {time.time() - t0:.1f} s",
-          flush=True)
+    shapes = [(DOWNSTREAM_BATCH, t) for t in length_buckets(trainer.config.seq_len)] if plan.tasks else []
+    phases = trainer.precompile(logits_shapes=shapes)
+    print(f"{arm.name}: compiled train step (phases {', '.join(phases)}), validation and {len(shapes)} "
+          f"downstream shapes in {time.time() - t0:.1f} s", flush=True)
     trainer.close()
   return 0
 

@@ -331,6 +331,38 @@ def format_table(rows: list) -> str:
   return "\n".join(lines)
 
 
+def markdown_tables(results: list) -> str:
+  """Markdown tables (quantizers, GEMMs, linear layer) of saved bench results
+  (the JSON files `main` writes), with each file's commit, device and date."""
+  cols = {
+      "quant": (["quantizer", "shape", "ms", "GB/s", "vs same-run copy", "vs XLA quantizer"],
+                lambda r: [f"{r['ms']:.3f}", f"{r['gbps']:.0f}", f"{r['vs_copy']:.2f}", f"{r['vs_xla']:.2f}"]),
+      "gemm": (["GEMM", "M x K x N", "ms", "TFLOP/s", "vs XLA bf16 dot"],
+               lambda r: [f"{r['ms']:.3f}", f"{r['tflops']:.0f}", f"{r['vs_bf16']:.2f}"]),
+      "linear": (["linear fwd+bwd", "M x K x N", "ms", "time / bf16 linear"],
+                 lambda r: [f"{r['ms']:.3f}", f"{r['vs_bf16']:.2f}"]),
+  }
+  out = []
+  for res in results:
+    src = f"commit {res.get('commit')}, {res.get('device')}, jax {res.get('jax')}, {res.get('date')}"
+    for kind, (header, cells) in cols.items():
+      rows = [r for r in res["rows"] if r.get("kind") == kind]
+      if not rows:
+        continue
+      out += [f"{kind} ({src}):", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+      for r in rows:
+        shape = "x".join(map(str, r.get("shape", ()))) or "-"
+        vals = cells(r) if r.get("ok") else ["-"] * (len(header) - 3) + [f"failed: {r.get('error', '')[:80]}"]
+        out.append("| " + " | ".join([r["name"], shape] + vals) + " |")
+      copies = [f"{'x'.join(map(str, r['shape']))} {r['name'].split()[-1]}: {r['copy_gbps']:.0f} GB/s"
+                for r in rows if "copy_gbps" in r]
+      out += ([""] + ["Same-run copy bandwidth: " + "; ".join(copies) + "."] if copies else []) + [""]
+    checks = [f"{r['name']}: {r['rel_err']:.1e}" for r in res["rows"] if r.get("kind") == "gemm_check"]
+    if checks:
+      out += ["GEMM checks before timing (max relative error vs f32 HIGHEST): " + "; ".join(checks) + ".", ""]
+  return "\n".join(out)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default="results/kernels_bench.json")
@@ -339,7 +371,12 @@ def main(argv=None):
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
   sections = ("quant", "bwdquant", "gemm", "linear")
   p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
+  p.add_argument("--table", nargs="+", metavar="JSON", default=None,
+                 help="print saved results (JSON files written by --out) as markdown tables and exit")
   args = p.parse_args(argv)
+  if args.table:
+    print(markdown_tables([json.loads(open(f).read()) for f in args.table]))
+    return 0
   only = None if args.only is None else set(args.only.split(","))
   quant_shapes = QUANT_SHAPES
   if args.quant_shapes:

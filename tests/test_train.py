@@ -143,7 +143,8 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
   import jax
   from jax._src import compilation_cache, monitoring
 
-  cfg = _cfg("tetrajet_v2_outcontrol", calib_start=2, calib_steps=2, total_steps=6)
+  # Phases: fp4 (steps 0-1), calibrate (2-3), frozen (4-5); validation after steps 2 and 5.
+  cfg = _cfg("tetrajet_v2_outcontrol", calib_start=2, calib_steps=2, total_steps=6, eval_every=3)
   saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
                                                "jax_persistent_cache_min_compile_time_secs",
                                                "jax_persistent_cache_min_entry_size_bytes")}
@@ -156,16 +157,20 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
     compilation_cache.reset_cache()
     trainer = Trainer(cfg, data, progress=False, tensorboard=False)
     before = jax.tree.map(np.asarray, trainer.state)
-    assert trainer.precompile() == ["fp4", "calibrate", "frozen"]
+    assert trainer.precompile(logits_shapes=[(2, 32)]) == ["fp4", "calibrate", "frozen"]
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.state), before)
     assert trainer.step == 0
-    assert len(list((tmp_path / "cache").iterdir())) >= 3
-    # A fresh trainer of the same run (as in another process) finds its steps on disk.
+    # 3 train steps + validation in 2 phases + the final phase's forward
+    assert len(list((tmp_path / "cache").iterdir())) >= 6
+    # A fresh trainer of the same run (as in another process) finds all of them on disk.
     from tetrajet_jax.train import trainer as trainer_module
     trainer_module._STEP_FNS.clear()
+    trainer_module._EVAL_FNS.clear()
     monitoring.register_event_listener(listener)
-    Trainer(cfg, data, progress=False, tensorboard=False).train()
-    assert len(hits) >= 3, hits
+    fresh = Trainer(cfg, data, progress=False, tensorboard=False)
+    fresh.train()
+    fresh.logits_fn()(np.zeros((2, 32), np.int32))
+    assert len(hits) >= 6, hits
   finally:
     if listener in monitoring.get_event_listeners():
       monitoring.unregister_event_listener(listener)

@@ -72,7 +72,8 @@ class _Row:
   num_cont: int  # continuation tokens (the last ones)
 
 
-def _buckets(max_len: int, smallest: int = 32) -> list[int]:
+def length_buckets(max_len: int, smallest: int = 32) -> list[int]:
+  """The padded lengths scoring uses (one compile of ``logits_fn`` each)."""
   out, b = [], smallest
   while b < max_len:
     out.append(b)
@@ -114,7 +115,7 @@ def score_rows(
     (float64[num_rows] summed log-likelihood, bool[num_rows] all-greedy).
   """
   order = sorted(range(len(rows)), key=lambda r: (len(rows[r].tokens), r))
-  buckets = _buckets(max_len)
+  buckets = length_buckets(max_len)
   loglik = np.zeros(len(rows), np.float64)
   greedy = np.zeros(len(rows), bool)
   start = 0

@@ -41,7 +41,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -472,29 +472,49 @@ class Trainer:
       _STEP_FNS[key] = self._make_step()
     return _STEP_FNS[key]
 
-  def precompile(self) -> list[str]:
-    """Compiles the train step of every OutControl phase the rest of the run goes through.
+  def precompile(self, logits_shapes: Sequence[tuple[int, int]] = ()) -> list[str]:
+    """Compiles what the rest of the run will: the train step of every OutControl
+    phase it goes through, the validation pass of each phase it evaluates in,
+    and the forward (`logits_fn`) of its final phase at ``logits_shapes``
+    ([batch, length] token shapes, e.g. downstream scoring's length buckets).
 
     Nothing runs and the state is untouched. Useful with JAX's persistent
     compilation cache on (`jax_compilation_cache_dir`): several runs compile
-    side by side on a many-core host, then each loads its steps from the cache
-    when it takes its turn on the GPU. Returns the phases compiled.
+    side by side on a many-core host, then each loads its functions from the
+    cache when it takes its turn on the GPU. Returns the phases compiled.
     """
-    spec = jax.ShapeDtypeStruct((self.config.batch_size, self.config.seq_len), jnp.int32,
-                                sharding=self._batch_sharding)
-    batch = {"inputs": spec, "targets": spec}
-    phases = list(dict.fromkeys(self._phase_for_update(s) for s in range(self.step, self.config.total_steps)))
+    cfg = self.config
+    spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
+    steps = range(self.step, cfg.total_steps)
+    phases = list(dict.fromkeys(self._phase_for_update(s) for s in steps))
+    eval_phases = {self._phase_for_update(s) for s in steps
+                   if cfg.eval_every and ((s + 1) % cfg.eval_every == 0 or s + 1 == cfg.total_steps)}
+    final_phase = self._phase_for_update(cfg.total_steps - 1)
+    val_batch, tb = None, None
+    if eval_phases:
+      ds, tb = self._val_inputs(cfg.batch_size)
+      local = next(iter(ds))
+      val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
+    params, model_vars = self.state["params"], self.state["model"]
     graphdef, lowered = self._graphdef, []
     try:
       for phase in phases:
-        if phase != self._phase:  # the phase flag is static: it selects the step's graph
+        if phase != self._phase:  # the phase flag is static: it selects the graphs
           model = self.model()
           qnn.set_outcontrol_phase(model, phase)
           self._graphdef = nnx.graphdef(model)
-        lowered.append(self._step_fn().lower(self.state, batch))
+        lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
+        if phase in eval_phases:
+          lowered.append(self._eval_fn().lower(params, model_vars, val_batch, tb))
+        if phase == final_phase:
+          rep = sharding_lib.replicated(self.mesh)
+          lowered += [self._logits_jit().lower(params, model_vars, jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
+                      for shape in logits_shapes]
     finally:
       self._graphdef = graphdef
-    # XLA compiles outside the GIL: an OutControl run's three phases compile at once.
+    if not lowered:  # the run is over
+      return phases
+    # XLA compiles outside the GIL: the functions compile at once.
     with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
       list(pool.map(lambda low: low.compile(), lowered))
     return phases
@@ -507,6 +527,13 @@ class Trainer:
     are gathered inside). For downstream scoring; `evaluate` is the sharded
     validation pass.
     """
+    fn = self._logits_jit()
+    params, model_vars = self.state["params"], self.state["model"]
+    return lambda tokens: fn(params, model_vars,
+                             sharding_lib.replicated_input(np.asarray(tokens, np.int32), self.mesh))
+
+  def _logits_jit(self) -> Callable:
+    """Jitted ``(params, model vars, tokens) -> logits``, all replicated but FSDP-split parameters."""
     key = ("logits", self._graphdef, self.mesh, jax.tree.structure(self.state))
     if key not in _EVAL_FNS:
       graphdef, mesh = self._graphdef, self.mesh
@@ -516,10 +543,7 @@ class Trainer:
               graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)(tokens),
           in_shardings=(self._state_shardings["params"], self._state_shardings["model"], rep),
           out_shardings=rep)
-    fn = _EVAL_FNS[key]
-    params, model_vars = self.state["params"], self.state["model"]
-    return lambda tokens: fn(params, model_vars,
-                             sharding_lib.replicated_input(np.asarray(tokens, np.int32), self.mesh))
+    return _EVAL_FNS[key]
 
   def _eval_fn(self) -> Callable:
     """Jitted ``(params, model vars, batch, token bytes) -> (nll sum, tokens, bytes)``, batch split like training."""
@@ -539,6 +563,16 @@ class Trainer:
           out_shardings=rep)
     return _EVAL_FNS[key]
 
+  def _val_inputs(self, batch_size: int):
+    """(this process's validation batches, replicated token byte lengths)."""
+    sharding_lib.check_batch(batch_size, self.mesh, what="eval batch_size")
+    ds = make_val_dataset(self.data.val_tokens, seq_len=self.config.seq_len,
+                          batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
+                          shard_count=jax.process_count(), pad_id=self.data.pad_id)
+    tb = sharding_lib.replicated_input(
+        padded_token_bytes(self.data.token_bytes, self.model_config.padded_vocab), self.mesh)
+    return ds, tb
+
   def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, float]:
     """Validation loss, perplexity and bits per byte (None: the whole split).
 
@@ -546,13 +580,7 @@ class Trainer:
     computed with the batch split over the mesh and the val split sharded by
     process; the sums are global (replicated) arrays.
     """
-    batch_size = batch_size or self.config.batch_size
-    sharding_lib.check_batch(batch_size, self.mesh, what="eval batch_size")
-    ds = make_val_dataset(self.data.val_tokens, seq_len=self.config.seq_len,
-                          batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
-                          shard_count=jax.process_count(), pad_id=self.data.pad_id)
-    tb = sharding_lib.replicated_input(
-        padded_token_bytes(self.data.token_bytes, self.model_config.padded_vocab), self.mesh)
+    ds, tb = self._val_inputs(batch_size or self.config.batch_size)
     fn = self._eval_fn()
     nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
     for i, local in enumerate(ds):
