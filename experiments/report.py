@@ -144,6 +144,13 @@ class RunFolder:
     """Whether a device run of this folder trained several arms side by side on one GPU."""
     return any(int(r.get("concurrent_processes", 1)) > 1 for r in self.provenance or [])
 
+  def trained_at(self, arm: str) -> str | None:
+    """Commit of the first recorded device run that finished ``arm`` (provenance ``finished_arms``)."""
+    for rec in self.provenance or []:
+      if arm in rec.get("finished_arms", ()):
+        return rec.get("commit")
+    return None
+
   def speed(self, arm: str) -> float | None:
     """tokens/s that measure the arm's speed: alone on the GPU when probed, else
     final.json's median if the arms did not share the GPU, else None."""
@@ -442,12 +449,17 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    if osci else "-",
                    f"[{calib['start']}, {calib['start'] + calib['length']})" if calib else "-",
                    fmt(final.get("val", {}).get("tokens"), ",.0f"),
-                   fmt(final.get("wall_s_this_session"), ",.0f")])
+                   fmt(final.get("wall_s_this_session"), ",.0f"),
+                   f"`{folder.trained_at(name)}`" if folder.trained_at(name) else "n/a"])
     lines += markdown_table(["arm", "status", "steps", "tokens", "warmup", "OsciReset S / P / T / tau",
-                             "OutControl calibration steps", "final-eval tokens", "wall s (last session)"], rows)
+                             "OutControl calibration steps", "final-eval tokens", "wall s (last session)",
+                             "trained at commit"], rows)
     lines += ["", "OsciReset S / P / T / tau: first reset step, period, window, threshold (config.json "
               "`derived.osci_reset`; arms without OsciReset monitor oscillation on the same windows). "
-              "Wall time: final.json `wall_s_this_session` (the last runner session of that arm only).", ""]
+              "Wall time: final.json `wall_s_this_session` (the last runner session of that arm only). "
+              "Trained at commit: the first device run whose provenance lists the arm as finished; arms "
+              "trained at different commits ran different code (see docs/notes/training.md for what "
+              "changed between them).", ""]
   return lines
 
 

@@ -104,9 +104,9 @@ def folders(tmp_path):
       "wall_s": 3600.0, "date": "2026-01-01"})
   seed1 = write_folder(tmp_path / "seed1", 1, ["bf16", "tetrajet_v2_full"], provenance=[
       {"commit": "def5678", "device": "NVIDIA H200", "command": "python -m experiments.ablation --arms bf16 --seed 1",
-       "wall_s": 900.0, "date": "2026-01-02"},
+       "wall_s": 900.0, "date": "2026-01-02", "finished_arms": ["bf16"]},
       {"commit": "fed8765", "device": "NVIDIA H200", "command": "python -m experiments.ablation --seed 1 --resume",
-       "wall_s": 950.0, "date": "2026-01-03"}])
+       "wall_s": 950.0, "date": "2026-01-03", "finished_arms": ["bf16", "tetrajet_v2_full"]}])
   return seed0, seed1
 
 
@@ -184,6 +184,11 @@ def test_numbers_rows_figures_and_provenance(tmp_path, folders):
   for commit in ("abc1234", "def5678", "fed8765"):
     assert f"commit `{commit}`" in provenance
   assert f"{STEPS:,} steps x {BATCH * SEQ:,} tokens per step" in provenance
+  # Each arm's commit: the first run that finished it; n/a without finished_arms records.
+  seed1 = provenance[provenance.index("### seed 1"):]
+  assert "| bf16 | completed |" in seed1 and "`def5678` |" in seed1.split("| bf16 |")[1].splitlines()[0]
+  assert "`fed8765` |" in seed1.split("| tetrajet_v2_full |")[1].splitlines()[0]
+  assert provenance[:provenance.index("### seed 1")].split("| bf16 |")[1].splitlines()[0].endswith("| n/a |")
   assert "GENERATED FILE: do not edit by hand" in text
 
 
