@@ -88,9 +88,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       "(a throughput probe: same compiled step as the full run, so a warm compilation "
                       "cache makes it cheap; no evaluation, no final.json)")
   p.add_argument("--precompile", action="store_true",
-                 help="only compile each unfinished arm's train step into the persistent compilation "
-                      "cache and exit (nothing trained or written): lets arms compile side by side on "
-                      "the host's cores before they run one at a time on the GPU")
+                 help="only compile each unfinished arm's train steps, validation and downstream "
+                      "forwards into the persistent compilation cache and exit (nothing trained or "
+                      "written): lets arms compile side by side on the host's cores before they run "
+                      "on the GPU")
   p.add_argument("--eval-every", type=int, help="periodic validation every N steps (0: off)")
   p.add_argument("--eval-batches", type=int, help="batches per periodic validation")
   p.add_argument("--final-eval-batches", type=int, help="cap on final validation batches (default: all)")
@@ -451,7 +452,7 @@ def enable_compile_cache() -> None:
 
 
 def precompile(plan: Plan, data) -> int:
-  """--precompile: fills the persistent compilation cache with each unfinished arm's train steps."""
+  """--precompile: fills the persistent compilation cache with each unfinished arm's functions."""
   from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train.trainer import TrainData, Trainer  # pylint: disable=import-outside-toplevel
 
