@@ -18,20 +18,43 @@ OUT="${OUT:-results/h200}"
 mkdir -p "$OUT"
 LOG="$OUT/session.log"
 STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
+# Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
+# section, limits T_KBENCH_<SECTION>), scan_probe (tokens/s of scanned vs
+# unrolled blocks).
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 source scripts/device_env.sh
 
+# Stage logs go to $STAGE_LOGS ($OUT by default; at most 8 files come back, so
+# calls with many stages point it elsewhere: session.log keeps each log's tail).
+STAGE_LOGS="${STAGE_LOGS:-$OUT}"
+mkdir -p "$STAGE_LOGS"
+enabled() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 stage() {  # stage NAME LIMIT_S CMD...
   local name=$1 limit=$2; shift 2
-  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  enabled "$name" || return 0
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s)" | tee -a "$LOG"
-  timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$STAGE_LOGS/$name.log" 2>&1
   local rc=$?
-  tail -n 40 "$OUT/$name.log" >>"$LOG"
+  tail -n 40 "$STAGE_LOGS/$name.log" >>"$LOG"
   echo "=== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
 }
+
+# scan_probe: the 20m steps of bf16 and tetrajet_v2, scanned and unrolled
+# (--no-scan-blocks: same run identity), compile in the background from the
+# start (CPU only), and run alone on the GPU at the end.
+PROBE_FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
+             --keep-checkpoints 0 --checkpoint-every 100000 --eval-every 0 --no-progress --seed 0
+             --arms "${SCAN_PROBE_ARMS:-bf16,tetrajet_v2}")
+if enabled scan_probe; then
+  for layout in scanned unrolled; do
+    extra=(); [ "$layout" = unrolled ] && extra=(--no-scan-blocks)
+    timeout -k 10 "${T_SCAN_PRECOMPILE:-300}" python3 -m experiments.ablation "${PROBE_FLAGS[@]}" "${extra[@]}" \
+      --out "/tmp/scan_probe_$layout" --precompile >"$STAGE_LOGS/scan_precompile_$layout.log" 2>&1 &
+  done
+fi
 
 stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE --tb=short --durations=20 -W ignore \
   tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py \
@@ -40,9 +63,27 @@ stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear 
   --out "$OUT/bench_linear.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
   ${BENCH_ONLY:+--only "$BENCH_ONLY"}
+# The same bench, one process per section, each under its own limit (Mosaic
+# compiles dominate a section's time; one slow section cannot starve the next).
+for section in linear gemm quant bwdquant; do
+  limit_var="T_KBENCH_$(echo "$section" | tr a-z A-Z)"
+  stage "kbench_$section" "${!limit_var:-150}" python3 -m pallas_kernels.bench --only "$section" \
+    --out "$OUT/kbench_$section.json" --log "/tmp/kbench_${section}_tracebacks.log"
+done
 stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
   --arms "${THROUGHPUT_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \
   --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
   --keep-checkpoints 0 --checkpoint-every 100000 --no-progress --no-compile-cache
 cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
+if enabled scan_probe; then
+  wait  # the background precompiles
+  grep -h "compiled" "$STAGE_LOGS"/scan_precompile_*.log | tee -a "$LOG"
+fi
+stage scan_probe "${T_SCAN_PROBE:-150}" bash -c "
+  for layout in scanned unrolled; do
+    extra=''; [ \$layout = unrolled ] && extra=--no-scan-blocks
+    echo --- \$layout
+    python3 -m experiments.ablation ${PROBE_FLAGS[*]} \$extra --out /tmp/scan_probe_\$layout \
+      --stop-after ${SCAN_PROBE_STEPS:-20} | tail -n 6
+  done"
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20
