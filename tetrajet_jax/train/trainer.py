@@ -474,9 +474,10 @@ class Trainer:
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = ()) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
-    phase it goes through, the validation pass of each phase it evaluates in,
-    and the forward (`logits_fn`) of its final phase at ``logits_shapes``
-    ([batch, length] token shapes, e.g. downstream scoring's length buckets).
+    phase it goes through, the validation pass (batch_size rows) of each phase
+    it evaluates in and of the final one, and the forward (`logits_fn`) of the
+    final phase at ``logits_shapes`` ([batch, length] token shapes, e.g.
+    downstream scoring's length buckets).
 
     Nothing runs and the state is untouched. Useful with JAX's persistent
     compilation cache on (`jax_compilation_cache_dir`): several runs compile
@@ -486,15 +487,15 @@ class Trainer:
     cfg = self.config
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
     steps = range(self.step, cfg.total_steps)
+    if not steps:  # the run is over
+      return []
     phases = list(dict.fromkeys(self._phase_for_update(s) for s in steps))
-    eval_phases = {self._phase_for_update(s) for s in steps
-                   if cfg.eval_every and ((s + 1) % cfg.eval_every == 0 or s + 1 == cfg.total_steps)}
     final_phase = self._phase_for_update(cfg.total_steps - 1)
-    val_batch, tb = None, None
-    if eval_phases:
-      ds, tb = self._val_inputs(cfg.batch_size)
-      local = next(iter(ds))
-      val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
+    eval_phases = {self._phase_for_update(s) for s in steps if cfg.eval_every and (s + 1) % cfg.eval_every == 0}
+    eval_phases.add(final_phase)  # periodic validation's last one, or a caller's final `evaluate`
+    ds, tb = self._val_inputs(cfg.batch_size)
+    local = next(iter(ds))
+    val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
     params, model_vars = self.state["params"], self.state["model"]
     graphdef, lowered = self._graphdef, []
     try:
@@ -512,8 +513,6 @@ class Trainer:
                       for shape in logits_shapes]
     finally:
       self._graphdef = graphdef
-    if not lowered:  # the run is over
-      return phases
     # XLA compiles outside the GIL: the functions compile at once.
     with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
       list(pool.map(lambda low: low.compile(), lowered))
