@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -375,7 +376,7 @@ def main(argv=None):
                  help="print saved results (JSON files written by --out) as markdown tables and exit")
   args = p.parse_args(argv)
   if args.table:
-    print(markdown_tables([json.loads(open(f).read()) for f in args.table]))
+    print(markdown_tables([json.loads(Path(f).read_text()) for f in args.table]))
     return 0
   only = None if args.only is None else set(args.only.split(","))
   quant_shapes = QUANT_SHAPES

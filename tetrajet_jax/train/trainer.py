@@ -417,10 +417,14 @@ class Trainer:
     # transition (incl. freezing) exactly as the uninterrupted run did.
     self._phase = self._phase_for_update(restored_step - 1) if restored_step > 0 else "fp4"
     if self._phase != "fp4":
-      model = self.model()
-      qnn.set_outcontrol_phase(model, self._phase)
-      self._graphdef = nnx.graphdef(model)
+      self._graphdef = self._phase_graphdef(self._phase)
     self.last_good_checkpoint = restored_step
+
+  def _phase_graphdef(self, phase: str) -> nnx.GraphDef:
+    """The model's graph with OutControl ``phase`` set (a static flag: it selects the compiled graphs)."""
+    model = self.model()
+    qnn.set_outcontrol_phase(model, phase)
+    return nnx.graphdef(model)
 
   # ---- compiled functions ----------------------------------------------------------------
 
@@ -500,10 +504,7 @@ class Trainer:
     graphdef, lowered = self._graphdef, []
     try:
       for phase in phases:
-        if phase != self._phase:  # the phase flag is static: it selects the graphs
-          model = self.model()
-          qnn.set_outcontrol_phase(model, phase)
-          self._graphdef = nnx.graphdef(model)
+        self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
         if phase in eval_phases:
           lowered.append(self._eval_fn().lower(params, model_vars, val_batch, tb))
