@@ -104,6 +104,14 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss") -> P
   return path
 
 
+def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Drops the leading zeros: the metrics read 0 until the first window ends,
+  which means "not measured yet", and drawing them as a measured 0 would
+  suggest a jump when the first window closes."""
+  nz = np.flatnonzero(values)
+  return (steps[nz[0]:], values[nz[0]:]) if nz.size else (steps[:0], values[:0])
+
+
 def plot_oscillation(runs: dict[str, list[dict]], path: Path) -> Path | None:
   """Fraction of FP4 weights with R >= tau per window, and of weights reset."""
   have = {a: r for a, r in runs.items() if series(r, "osci/risk_frac")[0].size}
@@ -111,12 +119,12 @@ def plot_oscillation(runs: dict[str, list[dict]], path: Path) -> Path | None:
     return None
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
   for arm, recs in have.items():
-    s, v = series(recs, "osci/risk_frac")
+    s, v = _from_first_window(*series(recs, "osci/risk_frac"))
     axes[0].step(s, v, where="post", label=arm)
-    s, v = series(recs, "osci/reset_frac")
+    s, v = _from_first_window(*series(recs, "osci/reset_frac"))
     if s.size:
       axes[1].step(s, v, where="post", label=arm)
-  axes[0].set_title("oscillating weights (R >= tau at the end of each window)")
+  axes[0].set_title("oscillating weights (R >= tau at the end of each window, from the first window on)")
   axes[1].set_title("weights reset by OsciReset (last reset)")
   for ax in axes:
     ax.set_xlabel("step")
