@@ -36,10 +36,8 @@ PROBE_STEPS="${PROBE_STEPS:-0}"
 PROBE_LIMIT="${PROBE_LIMIT:-120}"
 PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-# The ablation's fixed settings: change them only with new results folders.
-FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
-       --eval-every 40 --eval-batches 8 --downstream all --downstream-limit 500 --keep-checkpoints 0
-       --no-progress)
+source scripts/ablation_flags.sh
+FLAGS=("${ABLATION_FLAGS[@]}")
 run_dir() { echo "experiments/results/h200_20m/seed$1"; }
 
 source scripts/device_env.sh

@@ -44,9 +44,10 @@ stage() {  # stage NAME LIMIT_S CMD...
 
 # scan_probe: the 20m steps of bf16 and tetrajet_v2, scanned and unrolled
 # (--no-scan-blocks: same run identity), compile in the background from the
-# start (CPU only), and run alone on the GPU at the end.
-PROBE_FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
-             --keep-checkpoints 0 --checkpoint-every 100000 --eval-every 0 --no-progress --seed 0
+# start (CPU only), and run alone on the GPU at the end. The ablation's own
+# flags, evaluation off (later flags win), so the probe times its steps.
+source scripts/ablation_flags.sh
+PROBE_FLAGS=("${ABLATION_FLAGS[@]}" --checkpoint-every 100000 --eval-every 0 --downstream none --seed 0
              --arms "${SCAN_PROBE_ARMS:-bf16,tetrajet_v2}")
 if enabled scan_probe; then
   for layout in scanned unrolled; do
