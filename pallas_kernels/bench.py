@@ -1,18 +1,23 @@
 """Checks and times the Pallas NVFP4 kernels against same-run baselines (H200).
 
-  PYTHONPATH=. python -m pallas_kernels.bench [--quick] [--out results/kernels_bench.json]
+  PYTHONPATH=. python -m pallas_kernels.bench [--only quant,bwdquant,gemm,linear] [--out results/kernels_bench.json]
 
 Prints one table of ratios (median of repeats, one run; each sample times N
 calls inside one jitted lax.fori_loop, so host dispatch gaps between short
-kernels do not count): quantizer bandwidth vs
-a device-to-device copy-equivalent (elementwise negate: reads and writes the
-same bytes) and vs the jitted XLA quantizer; NVFP4 GEMM TFLOP/s vs XLA's bf16
-dot and vs jax.nn.scaled_dot_general(nvfp4) where it runs; the TetraJet-v2
-linear fwd+bwd vs a bf16 linear when tetrajet_jax.linear exists. Every timed
-kernel is first checked against its reference on the same inputs (bitwise for
-the quantizer, FP32-accumulation tolerance for the GEMM); a variant that fails
-its check is reported and not timed. Writes the table as JSON with the commit
-and device name.
+kernels do not count): quantizer bandwidth vs a device-to-device
+copy-equivalent (elementwise negate: reads and writes the same bytes) and vs
+the jitted XLA quantizer; NVFP4 GEMM TFLOP/s vs XLA's bf16 dot and vs
+jax.nn.scaled_dot_general(nvfp4) where it runs; the TetraJet-v2 linear
+fwd+bwd vs a bf16 linear. Attribution rows say where the time goes: the
+default quantizers with the plain hardware division per element (timing
+only: not bitwise) and with no tile math (the load+store ceiling); the
+linear's forward alone, its six quantizers alone and its three GEMMs alone,
+each vs the same bf16 fwd+bwd. Every timed kernel is first checked against
+its reference on the same inputs (bitwise for the quantizer, FP32-accumulation
+tolerance for the GEMM); a variant that fails its check is reported and not
+timed. The quantizer and linear sections compile all their timing loops side
+by side first (`run_jobs`). Writes the table as JSON with the commit and
+device name; `--table FILES` renders saved JSON as markdown.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -35,8 +41,9 @@ from pallas_kernels.nvfp4_gemm import GemmConfig, block_scaled_bf16_gemm, nvfp4_
 
 from pallas_kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from pallas_kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
-from tetrajet_jax.benchmarking import commit_id, time_fn
-from tetrajet_jax.numerics import hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.benchmarking import commit_id, compile_loops, time_fn
+from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
+                                   random_hadamard_16, unpack_e2m1)
 
 GEMM_SHAPES = [  # (M, K, N): out [M, N] = A [M, K] @ B [N, K]^T
     (8192, 8192, 8192),
@@ -85,114 +92,217 @@ def _test_input(key, shape, dtype):
   return x.astype(dtype)
 
 
-def bench_quantizers(rows: list, log, shapes: list):
+def code_agreement(a, b) -> float:
+  """Fraction of equal 4-bit codes of two packed code arrays (both nibbles)."""
+  a, b = np.asarray(a), np.asarray(b)
+  return float(((a & 0xF) == (b & 0xF)).mean() + ((a >> 4) == (b >> 4)).mean()) / 2
+
+
+@dataclasses.dataclass
+class Job:
+  """One timed function of a section.
+
+  key: (name, shape); later jobs' checks and rows read `outs` / `times` by
+  key. check(out, outs) -> None or why the output is wrong (then the job
+  is reported, not timed). row(dt, out, times) -> the result row, or None for a
+  job that is only a baseline or a check. timed=False: run and check only.
+  args_from: the key of an earlier job whose output is this job's arguments
+  (args then only give their shapes, for compiling).
+  """
+  key: tuple
+  fn: Callable
+  args: tuple
+  args_from: tuple | None = None
+  row: Callable | None = None
+  check: Callable | None = None
+  timed: bool = True
+  inner: int = 10
+  reps: int = 15
+  kind: str = "quant"
+
+  @property
+  def name(self) -> str:
+    return self.key[0]
+
+
+def run_jobs(rows: list, log, jobs: list[Job]) -> None:
+  """Compiles every job's timing loop side by side (compile_loops), then runs,
+  checks and times them one at a time, in order. Each loop's output is its
+  function's output (the arguments do not change between calls), so the
+  checks read the very executable that is timed, and no kernel is compiled
+  twice (Mosaic GPU compiles cost 20-40 s each on the device host)."""
+  t0 = time.perf_counter()
+  loops = compile_loops([(j.fn, j.args, j.inner) for j in jobs])
+  print(f"{len(jobs)} timing loops compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+  outs, times = {}, {}
+  for j, loop in zip(jobs, loops):
+    shape = j.key[1]
+    try:
+      if isinstance(loop, Exception):
+        raise loop
+      args = j.args
+      if j.args_from is not None:
+        if j.args_from not in outs:
+          raise RuntimeError(f"no arguments: {j.args_from[0]} did not run")
+        args = outs[j.args_from]
+      out = loop(*args)
+      why = j.check(out, outs) if j.check else None
+      if why:
+        rows.append(dict(kind=j.kind, name=j.name, shape=shape, ok=False, error=why))
+        continue
+      outs[j.key] = out
+      if j.timed:
+        times[j.key] = time_fn(j.fn, *args, reps=j.reps, loop=loop)
+        row = j.row(times[j.key], out, times) if j.row else None
+        if row is not None:
+          rows.append(row)
+    except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
+      _record_failure(rows, log, f"{j.name} {shape}", e, kind=j.kind, name=j.name, shape=shape)
+    log.flush()
+
+
+def _quant_row(name: str, shape, dt: float, nbytes: int, copy_bw: float, t_xla: float, **extra) -> dict:
+  return dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nbytes / dt / 1e9,
+              vs_copy=nbytes / dt / copy_bw, vs_xla=t_xla / dt, ok=True, **extra)
+
+
+# Where a quantizer's time goes (bf16 input, default variant): the same kernel
+# with the plain hardware quotient per element (timing only, not bitwise: what
+# exactness costs), and with no tile math (same loads and stores: the ceiling).
+ATTRIBUTION = (
+    (" division=hardware (timing only, inexact)", dict(_division="hardware")),
+    (" load+store only (ceiling)", dict(_math="none")),
+)
+
+
+def _inexact_check(ref_key):
+  """The hardware-division variant is not bitwise (that is what it measures):
+  >= 99% of its codes must equal the exact kernel's, or it is not timed."""
+  def check(out, outs):
+    if ref_key not in outs:
+      return f"no reference: {' '.join(map(str, ref_key))} failed"
+    agree = code_agreement(out.codes, outs[ref_key].codes)
+    return None if agree >= 0.99 else f"MISMATCH: {agree:.2%} of codes agree (< 99%)"
+  return check
+
+
+def quantizer_jobs(shapes: list) -> list[Job]:
+  """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
+  Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution."""
+  jobs = []
   for shape in shapes:
     for dtype in (jnp.bfloat16, jnp.float32):
       x = _test_input(jax.random.key(1), shape, dtype)
-      copy = jax.jit(lambda v: -v)
-      t_copy = time_fn(copy, x)
-      copy_bw = 2 * x.nbytes / t_copy
-      xla_q = jax.jit(lambda v: quantize_nvfp4(v, axis=-1))
-      ref = xla_q(x)
-      out_bytes = _nbytes((ref.codes, ref.scale_inner, ref.scale_outer))
-      t_xla = time_fn(xla_q, x)
       dname = jnp.dtype(dtype).name
-      rows.append(dict(kind="quant", name=f"xla quantize_nvfp4 {dname}", shape=shape, ms=t_xla * 1e3,
-                       gbps=(x.nbytes + out_bytes) / t_xla / 1e9, vs_copy=(x.nbytes + out_bytes) / t_xla / copy_bw,
-                       vs_xla=1.0, copy_gbps=copy_bw / 1e9, ok=True))
+      copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
+      out_bytes = _nbytes(jax.eval_shape(lambda v: quantize_nvfp4(v, axis=-1), x))
+      nb = x.nbytes + out_bytes
+      bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+      jobs += [Job(copy, lambda v: -v, (x,)),
+               Job(xla, lambda v: quantize_nvfp4(v, axis=-1), (x,),
+                   row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                       *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
       # block_rows=128 measured 1.4-2x slower at every shape and dtype
       # (docs/KERNELS.md, device call of commit 37834f9): not re-timed.
-      variants = [("rows64_s2", dict(block_rows=64, max_concurrent_steps=2))]
-      for vname, kw in variants:
-        for emit in (False, True):
-          name = f"pallas rtn {dname} {vname}{' +operand' if emit else ''}"
-          try:
-            f = jax.jit(lambda v, kw=kw, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit, **kw))
-            got = f(x)
-            t, qs = got if emit else (got, None)
-            ok = _tensors_equal(t, ref)
-            if emit:
-              ok = ok and _same_bits(qs, nvfp4_bf16_operand(ref)[0])
-            if not ok:
-              rows.append(dict(kind="quant", name=name, shape=shape, ok=False, error="MISMATCH vs reference"))
-              continue
-            dt = time_fn(f, x)
-            nb = x.nbytes + out_bytes + (qs.nbytes if emit else 0)
-            rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nb / dt / 1e9,
-                             vs_copy=nb / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
-          except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
-            _record_failure(rows, log, f"{name} {shape}", e, kind="quant", name=name, shape=shape)
-        log.flush()
+      for emit in (False, True):
+        key = (f"pallas rtn {dname} rows64_s2{' +operand' if emit else ''}", shape)
+
+        def check(out, outs, xla=xla, emit=emit):
+          ref = outs.get(xla)
+          if ref is None:
+            return "no reference: the XLA quantizer failed"
+          t, qs = out if emit else (out, None)
+          ok = _tensors_equal(t, ref) and (not emit or _same_bits(qs, nvfp4_bf16_operand(ref)[0]))
+          return None if ok else "MISMATCH vs reference"
+
+        jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
+                        row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                            key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+      if dtype == jnp.bfloat16:
+        exact = (f"pallas rtn {dname} rows64_s2", shape)
+        for suffix, knobs in ATTRIBUTION:
+          key = (exact[0] + suffix, shape)
+          jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn(v, **knobs), (x,),
+                          check=_inexact_check(exact) if "_division" in knobs else None,
+                          row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
+                              key[0], key[1], dt, nb, bw(times), times[xla])))
+  return jobs
 
 
-def check_backward_quantizer(x, signs, key, axis: int) -> tuple[bool, str]:
-  """Kernel vs XLA on a slice of x: scales bitwise on the kernel's own RHT output,
-  RHT within FP32 accumulation order of random_hadamard_16, codes among the two
-  E2M1 neighbours."""
-  xs = x[:1024] if axis == -1 else x[:, :512]
-  t, y = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, jnp.uint32(3), axis=axis, emit_transformed=True))(xs)
+def check_backward_output(xs, t, y, key, axis: int) -> str | None:
+  """The kernel's output on xs (with its RHT output y) vs XLA: RHT within FP32
+  accumulation order of random_hadamard_16, scales bitwise on the kernel's own
+  RHT output, codes among the two E2M1 neighbours. None when all hold."""
   y = np.asarray(y)
   lines = xs if axis == -1 else xs.T
+  lines = jnp.pad(lines, ((0, 0), (0, y.shape[1] - lines.shape[1])))  # the kernel pads its axis with zeros
   yr = np.asarray(random_hadamard_16(lines.astype(jnp.float32), key, axis=-1))
   cmax = np.repeat(np.abs(yr).reshape(yr.shape[0], -1, 16).max(-1), 16, 1)
   fin = np.isfinite(yr) & np.isfinite(y)
   if not np.all(np.abs(np.where(fin, y - yr, 0)) <= cmax * 2.0**-20):
-    return False, "RHT differs from random_hadamard_16"
+    return "RHT differs from random_hadamard_16"
   r = quantize_nvfp4(jnp.asarray(y), axis=-1)
   if not (_same_bits(t.scale_inner, r.scale_inner) and _same_bits(t.scale_outer, r.scale_outer)):
-    return False, "scales differ from quantize_nvfp4 on the kernel's RHT output"
+    return "scales differ from quantize_nvfp4 on the kernel's RHT output"
   s = np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1)
   grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
   a = np.minimum(np.abs(y / s), 6.0)
   lo_i = np.searchsorted(grid, a, side="right") - 1
-  from tetrajet_jax.numerics import decode_e2m1, unpack_e2m1  # noqa: PLC0415
   mag = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes))))
   if not np.all((mag == grid[lo_i]) | (mag == grid[np.minimum(lo_i + 1, 7)])):
-    return False, "SR picked a non-neighbour"
-  return True, ""
+    return "SR picked a non-neighbour"
+  return None
 
 
-def bench_backward_quantizers(rows: list, log, shapes: list):
-  """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first axis."""
+def backward_quantizer_jobs(shapes: list) -> list[Job]:
+  """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
+  axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
+  slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
+  its attribution, checked against the exact kernel's codes."""
   key = jax.random.key(11)
   signs = hadamard_signs(key)
+  jobs = []
   for shape in shapes:
     for dtype in (jnp.bfloat16, jnp.float32):
       x = _test_input(jax.random.key(2), shape, dtype)
-      t_copy = time_fn(jax.jit(lambda v: -v), x)
-      copy_bw = 2 * x.nbytes / t_copy
       dname = jnp.dtype(dtype).name
+      copy = (f"copy {dname}", shape)
+      bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+      jobs.append(Job(copy, lambda v: -v, (x,)))
       for axis in (-1, 0):
-        xla_q = jax.jit(lambda v, k1, k2, axis=axis: quantize_nvfp4(
-            random_hadamard_16(v, k1, axis=axis), axis=axis, rounding="stochastic", key=k2))
-        ref = xla_q(x, key, jax.random.key(12))
-        out_bytes = _nbytes((ref.codes, ref.scale_inner, ref.scale_outer))
-        t_xla = time_fn(xla_q, x, key, jax.random.key(12))
-        nb = x.nbytes + out_bytes
-        rows.append(dict(kind="quant", name=f"xla rht+sr {dname} axis={axis}", shape=shape, ms=t_xla * 1e3,
-                         gbps=nb / t_xla / 1e9, vs_copy=nb / t_xla / copy_bw, vs_xla=1.0, copy_gbps=copy_bw / 1e9,
-                         ok=True))
-        try:
-          ok, why = check_backward_quantizer(x, signs, key, axis)
-        except Exception as e:  # noqa: BLE001
-          log.write(f"rht+sr check {dname} axis={axis} {shape}:\n{traceback.format_exc()}\n")
-          ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        xla = (f"xla rht+sr {dname} axis={axis}", shape)
+        xla_fn = lambda v, k1, k2, axis=axis: quantize_nvfp4(random_hadamard_16(v, k1, axis=axis), axis=axis,
+                                                             rounding="stochastic", key=k2)
+        ref_shape = jax.eval_shape(xla_fn, x, key, jax.random.key(12))
+        nb = x.nbytes + _nbytes((ref_shape.codes, ref_shape.scale_inner, ref_shape.scale_outer))
+        jobs.append(Job(xla, xla_fn, (x, key, jax.random.key(12)),
+                        row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                            xla[0], xla[1], dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9)))
+        xs = x[:1024] if axis == -1 else x[:, :512]
+        checked = (f"pallas rht+sr {dname} axis={axis} check", shape)
+        jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_rht_sr(
+            v, signs, jnp.uint32(3), axis=axis, emit_transformed=True), (xs,), timed=False, inner=1,
+            check=lambda out, outs, xs=xs, axis=axis: check_backward_output(xs, *out, key, axis)))
+
+        def needs_check(out, outs, checked=checked):
+          return None if checked in outs else "CHECK FAILED (see the check's row)"
+
         for emit in (False, True):
-          name = f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}"
-          if not ok:
-            rows.append(dict(kind="quant", name=name, shape=shape, ok=False, error=f"CHECK FAILED: {why}"))
-            continue
-          try:
-            f = jax.jit(lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
-                v, sg, sd, axis=axis, emit_operand=emit))
-            got = f(x, signs, jnp.uint32(4))
-            dt = time_fn(f, x, signs, jnp.uint32(4))
-            nbe = nb + (got[1].nbytes if emit else 0)
-            rows.append(dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nbe / dt / 1e9,
-                             vs_copy=nbe / dt / copy_bw, vs_xla=t_xla / dt, ok=True))
-          except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
-            _record_failure(rows, log, f"{name} {shape}", e, kind="quant", name=name, shape=shape)
-        log.flush()
+          pk = (f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}", shape)
+          jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
+              v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
+              row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                  pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+        if dtype == jnp.bfloat16 and axis == -1:
+          exact = (f"pallas rht+sr {dname} axis={axis}", shape)
+          for suffix, knobs in ATTRIBUTION:
+            ak = (exact[0] + suffix, shape)
+            jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),
+                            (x, signs, jnp.uint32(4)),
+                            check=_inexact_check(exact) if "_division" in knobs else needs_check,
+                            row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(
+                                ak[0], ak[1], dt, nb, bw(times), times[xla])))
+  return jobs
 
 
 def _gemm_operands(m, k, n, seed=0):
@@ -265,34 +375,78 @@ def bench_gemms(rows: list, log, quick: bool):
 LINEAR_SHAPES = [(16384, 1024, 4096), (16384, 4096, 1024)]  # (M tokens, K in, N out)
 
 
-def bench_linear(rows: list, log):
-  """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear; needs tetrajet_jax.linear."""
-  try:
-    from tetrajet_jax.linear import linear  # noqa: PLC0415 - lazy: the layer lands separately
-  except ImportError as e:
-    rows.append(dict(kind="linear", name="tetrajet linear fwd+bwd", ok=False,
-                     error=f"skipped: tetrajet_jax.linear not importable ({e})"))
-    return
-  for (m, k, n) in LINEAR_SHAPES:
+def linear_parts(recipe: str, gemm: str):
+  """The layer's two halves, callable apart (tetrajet_jax.linear internals, so
+  the timing follows the layer's code): quantize(x, w, dy, key) -> the six
+  GEMM operands (Q1, Q2 forward; Q3..Q6 backward, with the W_hat / X_hat
+  decode the aligned backward re-quantizes), and gemms(*operands) -> (y, dx, dw)
+  before the layer's final crops and casts."""
+  import importlib  # noqa: PLC0415
+
+  lin = importlib.import_module("tetrajet_jax.linear.linear")  # the package exports a function of that name
+  from tetrajet_jax.linear import gemm_nt, recipes  # noqa: PLC0415
+  rec = recipes.get(recipe)
+  if not rec.aligned_backward or rec.outlier_fraction:
+    raise ValueError(f"linear_parts: recipe {recipe!r} not supported (aligned, no OutControl only).")
+
+  def quantize(x, w, dy, key):
+    keys = lin._split_keys(key, rec)
+    xq = lin._quantize(lin._as_rounded(x), 1, rec, keys, axis=-1, gemm=gemm)
+    wq = lin._quantize(w, 2, rec, keys, axis=0, weight=True, gemm=gemm)
+    res = lin._Residuals(x_fwd=xq, x_out=None, q6_pre=None, kernel=w, key=key, outlier_idx=None,
+                         x_dtype=jnp.zeros((0,), x.dtype))
+    ops = lin._backward_operands(rec, gemm, res, lin._as_rounded(dy))
+    return xq, wq, ops.a3, ops.b4, ops.a5, ops.b6
+
+  def gemms(xq, wq, a3, b4, a5, b6):
+    mm = lambda a, b: gemm_nt(a, b, mode=gemm, out_dtype=jnp.float32)
+    return mm(xq, wq), mm(a3, b4), mm(b6, a5)
+
+  return quantize, gemms
+
+
+def linear_jobs(shapes: list) -> list[Job]:
+  """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear, and where its time goes.
+
+  Per shape: fwd+bwd of bf16 (the baseline), of tetrajet_v2 with gemm="fast"
+  and "pallas"; then, per gemm, the forward alone, the six quantizers alone
+  and the three GEMMs alone on their pre-quantized operands (`linear_parts`),
+  each vs the same bf16 fwd+bwd.
+  """
+  from tetrajet_jax.linear import linear  # noqa: PLC0415 - the layer imports the kernels
+
+  def step(x, w, dy, key, recipe, gemm):
+    y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe=recipe, key=key, gemm=gemm), x, w)
+    return y, vjp(dy.astype(y.dtype))
+
+  jobs = []
+  for shape in shapes:
+    m, k, n = shape
     kx, kw, kd = jax.random.split(jax.random.key(5), 3)
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
     dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
+    key = jax.random.key(0)
+    base = ("linear fwd+bwd bf16 gemm=fast", shape)
 
-    def step(x, w, dy, key, recipe, gemm):
-      y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe=recipe, key=key, gemm=gemm), x, w)
-      return y, vjp(dy.astype(y.dtype))
+    def job(name, fn, args, **kw):
+      return Job((name, shape), fn, args, kind="linear", inner=5, reps=7, **kw,
+                 row=lambda dt, out, times, name=name, shape=shape: dict(
+                     kind="linear", name=name, shape=shape, ms=dt * 1e3, vs_bf16=dt / times[base], ok=True))
 
-    t_ref = None
     for recipe, gemm in (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
-      name = f"linear fwd+bwd {recipe} gemm={gemm}"
-      try:
-        f = jax.jit(lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm))
-        dt = time_fn(f, x, w, dy, jax.random.key(0), reps=7, inner=5)
-        t_ref = dt if t_ref is None else t_ref
-        rows.append(dict(kind="linear", name=name, shape=(m, k, n), ms=dt * 1e3, vs_bf16=dt / t_ref, ok=True))
-      except Exception as e:  # noqa: BLE001
-        _record_failure(rows, log, f"{name} {(m, k, n)}", e, kind="linear", name=name, shape=(m, k, n))
+      jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}",
+                      lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm),
+                      (x, w, dy, key)))
+    for gemm in ("fast", "pallas"):
+      quant, gemms = linear_parts("tetrajet_v2", gemm)
+      qname = f"tetrajet_v2 quantizers only (6) gemm={gemm}"
+      jobs += [job(f"tetrajet_v2 forward only gemm={gemm}",
+                   lambda x, w, key, gemm=gemm: linear(x, w, recipe="tetrajet_v2", key=key, gemm=gemm), (x, w, key)),
+               job(qname, quant, (x, w, dy, key)),
+               job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", gemms,
+                   jax.eval_shape(quant, x, w, dy, key), args_from=(qname, shape))]
+  return jobs
 
 
 class Rows(list):
@@ -370,6 +524,7 @@ def main(argv=None):
   p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
   p.add_argument("--quick", action="store_true", help="first shapes only")
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
+  p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   sections = ("quant", "bwdquant", "gemm", "linear")
   p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
   p.add_argument("--table", nargs="+", metavar="JSON", default=None,
@@ -379,12 +534,18 @@ def main(argv=None):
     print(markdown_tables([json.loads(Path(f).read_text()) for f in args.table]))
     return 0
   only = None if args.only is None else set(args.only.split(","))
-  quant_shapes = QUANT_SHAPES
-  if args.quant_shapes:
+  def shapes(flag: str, value: str | None, default: list, dims: int) -> list:
+    if not value:
+      return default
     try:
-      quant_shapes = [tuple(int(d) for d in s.split("x")) for s in args.quant_shapes.split(",")]
+      out = [tuple(int(d) for d in s.split("x")) for s in value.split(",")]
     except ValueError:
-      p.error(f"--quant-shapes: expected ROWSxCOLS[,ROWSxCOLS...], got {args.quant_shapes!r}")
+      out = []
+    if not out or any(len(t) != dims for t in out):
+      p.error(f"{flag}: expected {dims} sizes joined by 'x', comma-separated, got {value!r}")
+    return out
+  quant_shapes = shapes("--quant-shapes", args.quant_shapes, QUANT_SHAPES, 2)
+  linear_shapes = shapes("--linear-shapes", args.linear_shapes, LINEAR_SHAPES, 3)
   if args.quick:
     quant_shapes = quant_shapes[:1]
   if only is not None and not only <= set(sections):
@@ -395,10 +556,10 @@ def main(argv=None):
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
-    for section, fn in (("quant", lambda: bench_quantizers(rows, log, quant_shapes)),
-                        ("bwdquant", lambda: bench_backward_quantizers(rows, log, quant_shapes)),
+    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
+                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
                         ("gemm", lambda: bench_gemms(rows, log, args.quick)),
-                        ("linear", lambda: bench_linear(rows, log))):
+                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
         fn()

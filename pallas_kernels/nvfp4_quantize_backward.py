@@ -55,8 +55,9 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import _platform
-from pallas_kernels.nvfp4_quantize import INNER, OUTER, _index_magnitude, store_packed_tile, tile_scales
-from tetrajet_jax.numerics import NVFP4Tensor, div_rn, hadamard_signs, quantize_nvfp4, random_hadamard_16
+from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, element_quotient,
+                                           store_packed_tile, store_trivial_tile, tile_scales)
+from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 
 _GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
@@ -132,13 +133,14 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _quantize_tile(evens, odds, key_rows, col0):
+def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   """Scales + SR of one [bm, 128] block per row.
 
   Args:
     evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
       16c + 2i and 16c + 2i + 1.
     key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
+    division: "exact" (div_rn) or "hardware" (x / s, timing only: not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
@@ -155,7 +157,7 @@ def _quantize_tile(evens, odds, key_rows, col0):
     s_in_b = lax.broadcast_in_dim(s_in, (bm, 8), [0])
     cs, qs = [], []
     for parity, x in ((0, ev), (1, od)):
-      v = div_rn(x, s, positive_divisor=True)
+      v = element_quotient(x, s, division)
       col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
       idx = _sr_index(jnp.abs(v), element_uniform(keys, col))
       neg = (v < 0.0) & (idx > 0)
@@ -169,7 +171,8 @@ def _quantize_tile(evens, odds, key_rows, col0):
 
 def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
                           block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
-                          emit_transformed: bool = False, interpret: bool = False):
+                          emit_transformed: bool = False, interpret: bool = False, _division: Division = "exact",
+                          _math: Math = "full"):
   """RHT-16 + double-block scales + stochastic rounding of a 2-D array, one pass.
 
   Args:
@@ -186,6 +189,11 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     emit_transformed: also return the transformed values y (f32, canonical
       [rows, Kp]) the scales were computed from (for tests and debugging).
     interpret: run on the CPU in Mosaic GPU's interpreter.
+    _division, _math: timing only (pallas_kernels.bench's attribution rows),
+      results NOT the reference's: _division="hardware" divides each element
+      by its scale with the plain x / s (scales stay exact); _math="none"
+      keeps grid, TMA pipeline and stores but skips the transform and all
+      tile math (codes and scales from the row keys: the memory ceiling).
 
   Returns:
     NVFP4Tensor with the structure of `quantize_nvfp4(random_hadamard_16(x,
@@ -209,6 +217,10 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
   if jnp.ndim(seed) != 0:
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
+  if _division not in ("exact", "hardware") or _math not in ("full", "none"):
+    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r}.")
+  if _math == "none" and emit_transformed:
+    raise ValueError(f"{name}: _math='none' computes no transform to emit.")
   shape = tuple(x.shape)
   if axis == 1:
     r, k = shape
@@ -260,9 +272,26 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     b_op = bt_smem.transpose((1, 0))  # [K=128 in, N=128 out]
     key_rows = plgpu.load(keys_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # uint32 [block]
 
+    def copy_out(j, slot):
+      dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
+              outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
+              outs_gmem[2].at[pl.ds(j, 1), rows]]
+      if emit_operand:
+        dsts.append(outs_gmem[3].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)])
+      for src, dst in zip(outs_smem, dsts):
+        plgpu.copy_smem_to_gmem(src.at[slot], dst)
+
     def step(idx, x_smem):
       (j,) = idx
       slot = lax.rem(j, 2)
+      if _math == "none":  # the input still arrives in SMEM by TMA; registers get only the row keys
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        i2 = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
+        raw = lax.broadcast_in_dim(key_rows, (block, INNER // 2), [0]) + i2
+        store_trivial_tile([raw] * (OUTER // INNER), block, *(o.at[slot] for o in outs_smem))
+        plgpu.commit_smem()
+        copy_out(j, slot)
+        return
 
       def a_op(ref):
         return ref if axis == 1 else ref.transpose((1, 0))
@@ -288,19 +317,13 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       half = OUTER // 2
       evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
       odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER)
+      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, _division)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
       store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,
                         outs_smem[3].at[slot] if emit_operand else None)
       plgpu.commit_smem()
-      dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
-              outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
-              outs_gmem[2].at[pl.ds(j, 1), rows]]
-      if emit_operand:
-        dsts.append(outs_gmem[3].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)])
-      for src, dst in zip(outs_smem, dsts):
-        plgpu.copy_smem_to_gmem(src.at[slot], dst)
+      copy_out(j, slot)
       if emit_transformed:
         plgpu.copy_smem_to_gmem(y_smem, y_gmem.at[rows, pl.ds(j * OUTER, OUTER)])
 

@@ -57,7 +57,10 @@ if enabled scan_probe; then
   done
 fi
 
+# TEST_MARK=gpu runs only the GPU-marked tests (the kernels and the layer at
+# real shapes), when the rest already passed on this code.
 stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE --tb=short --durations=20 -W ignore \
+  ${TEST_MARK:+-m "$TEST_MARK"} \
   tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py \
   tests/test_pallas_backward_quantize.py tests/test_linear.py
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from pallas_kernels.bench import Rows
 
@@ -37,3 +43,159 @@ def test_markdown_tables_render_saved_results():
   assert "| pallas gemm t | 8x8x8 | - | - | failed: ValueError: smem |" in text
   assert "pallas gemm t: 4.1e-07" in text
   assert "| linear fwd+bwd bf16 | 1x2x3 | 1.250 | 1.00 |" in text
+
+
+# Attribution rows (issue: "where the time goes, variant timings"): the
+# timing-only kernel variants run in the CPU interpreter and lower for Hopper.
+
+def _input(rng, shape=(64, 256)):
+  x = rng.standard_normal(shape) * np.exp(2.0 * rng.standard_normal(shape))
+  x[0, :128] = 0.0
+  return jnp.asarray(x.astype(np.float32)).astype(jnp.bfloat16)
+
+
+def _same_layout(t, r):
+  """Same canonical arrays (shapes, dtypes) as the real kernel's tensor r."""
+  return [(a.shape, a.dtype) for a in (t.codes, t.scale_inner, t.scale_outer)] == [
+      (a.shape, a.dtype) for a in (r.codes, r.scale_inner, r.scale_outer)]
+
+
+def test_rtn_attribution_variants_interpret(rng):
+  from pallas_kernels import quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
+  from pallas_kernels.bench import code_agreement
+
+  x = _input(rng)
+  ref = quantize_nvfp4_rtn_reference(x)
+  t = quantize_nvfp4_rtn(x, interpret=True, _division="hardware")
+  assert code_agreement(t.codes, ref.codes) >= 0.99
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), np.asarray(ref.scale_outer))  # scales stay exact
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), np.asarray(ref.scale_inner, np.float32))
+  for dtype in (jnp.bfloat16, jnp.float32):  # "pairs" and "xla" packing
+    t, qs = quantize_nvfp4_rtn(x.astype(dtype), interpret=True, emit_operand=True, _math="none")
+    assert _same_layout(t, ref) and t.shape == x.shape and (qs.shape, qs.dtype) == (x.shape, jnp.bfloat16)
+  with pytest.raises(ValueError, match="_division"):
+    quantize_nvfp4_rtn(x, interpret=True, _division="fast")
+
+
+def test_rht_sr_attribution_variants_interpret(rng, key):
+  from pallas_kernels import quantize_nvfp4_rht_sr
+  from pallas_kernels.bench import code_agreement
+  from tetrajet_jax.numerics import hadamard_signs
+
+  x, signs, seed = _input(rng), hadamard_signs(key), jnp.uint32(5)
+  ref = quantize_nvfp4_rht_sr(x, signs, seed, interpret=True)
+  t = quantize_nvfp4_rht_sr(x, signs, seed, interpret=True, _division="hardware")
+  assert code_agreement(t.codes, ref.codes) >= 0.99
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), np.asarray(ref.scale_outer))
+  for axis in (-1, 0):
+    t, qs = quantize_nvfp4_rht_sr(x if axis == -1 else x.T, signs, seed, axis=axis, emit_operand=True,
+                                  interpret=True, _math="none")
+    assert _same_layout(t, ref) and t.axis == axis % 2 and (qs.shape, qs.dtype) == (x.shape, jnp.bfloat16)
+    assert t.shape == (x.shape if axis == -1 else x.T.shape)
+
+
+@pytest.mark.parametrize("knobs", [dict(_division="hardware"), dict(_math="none")])
+def test_attribution_variants_lower_for_hopper(knobs):
+  from pallas_kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
+
+  spec = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
+  jax.jit(lambda v: quantize_nvfp4_rtn(v, **knobs)).trace(spec).lower(lowering_platforms=("cuda",))
+  signs = jnp.ones((16,), jnp.float32)
+  jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, jnp.uint32(1), **knobs)).trace(spec).lower(
+      lowering_platforms=("cuda",))
+
+
+@pytest.fixture
+def interpreted_kernels(monkeypatch):
+  """The bench's kernels in the CPU interpreter, and a stub timer: these tests
+  check the rows, checks and ordering, not the interpreter's speed."""
+  import functools
+
+  from pallas_kernels import bench
+
+  monkeypatch.setattr(bench, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
+  monkeypatch.setattr(bench, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
+  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: 1e-3)
+  return bench
+
+
+def test_quantizer_jobs_check_then_time_every_variant(interpreted_kernels):
+  bench = interpreted_kernels
+  rows, log = [], io.StringIO()
+  bench.run_jobs(rows, log, bench.quantizer_jobs([(64, 256)]))
+  assert [r["name"] for r in rows] == [
+      "xla quantize_nvfp4 bfloat16", "pallas rtn bfloat16 rows64_s2", "pallas rtn bfloat16 rows64_s2 +operand",
+      "pallas rtn bfloat16 rows64_s2 division=hardware (timing only, inexact)",
+      "pallas rtn bfloat16 rows64_s2 load+store only (ceiling)",
+      "xla quantize_nvfp4 float32", "pallas rtn float32 rows64_s2", "pallas rtn float32 rows64_s2 +operand"]
+  assert all(r["ok"] for r in rows), log.getvalue()
+  for r in rows:
+    assert {"kind", "name", "shape", "ms", "gbps", "vs_copy", "vs_xla"} <= set(r) and r["vs_xla"] == 1.0
+  assert "| pallas rtn bfloat16 rows64_s2 load+store only (ceiling) | 64x256 | 1.000 |" in bench.markdown_tables(
+      [{"rows": rows}])
+
+
+def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
+  bench = interpreted_kernels
+  rows, log = [], io.StringIO()
+  bench.run_jobs(rows, log, bench.backward_quantizer_jobs([(64, 256)]))
+  assert all(r["ok"] for r in rows), log.getvalue() + str([r for r in rows if not r["ok"]])
+  names = [r["name"] for r in rows]
+  assert len(names) == 2 * 2 * 3 + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  assert "pallas rht+sr bfloat16 axis=-1 division=hardware (timing only, inexact)" in names
+
+
+def test_failed_checks_are_reported_and_not_timed(rng, interpreted_kernels):
+  bench = interpreted_kernels
+  x = _input(rng)
+  ref = bench.quantize_nvfp4_rtn(x)
+  bad = ref._replace(codes=jnp.zeros_like(ref.codes)) if hasattr(ref, "_replace") else None
+  check = bench._inexact_check(("exact", (64, 256)))
+  assert check(ref, {("exact", (64, 256)): ref}) is None
+  assert check(ref, {}).startswith("no reference")
+  if bad is not None:
+    assert check(bad, {("exact", (64, 256)): ref}).startswith("MISMATCH")
+  timed = []
+  jobs = [bench.Job(("broken", (64, 256)), lambda v: v * 2, (x,), check=lambda out, outs: "MISMATCH vs reference",
+                    row=lambda *a: timed.append(a)),
+          bench.Job(("after", (64, 256)), lambda v: v + 1, (x,), args_from=("broken", (64, 256)),
+                    row=lambda *a: timed.append(a))]
+  rows = []
+  bench.run_jobs(rows, io.StringIO(), jobs)
+  assert not timed and [r["ok"] for r in rows] == [False, False]
+  assert rows[0]["error"] == "MISMATCH vs reference" and "did not run" in rows[1]["error"]
+
+
+def test_linear_parts_match_the_layer():
+  """quantize + gemms reproduce the layer's y, dx, dw (so their timings split its work)."""
+  from pallas_kernels.bench import linear_parts
+  from tetrajet_jax.linear import linear
+
+  m, k, n = 128, 256, 128
+  kx, kw, kd = jax.random.split(jax.random.key(5), 3)
+  x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+  w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
+  dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
+  key = jax.random.key(0)
+  y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe="tetrajet_v2", key=key, gemm="fast"), x, w)
+  dx, dw = vjp(dy)
+  quant, gemms = linear_parts("tetrajet_v2", "fast")
+  ops = jax.jit(quant)(x, w, dy, key)
+  assert len(ops) == 6
+  y2, dx2, dw2 = jax.jit(gemms)(*ops)
+  for a, b in ((y, y2), (dx, dx2[:, :k]), (dw, dw2[:k])):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b.astype(a.dtype), np.float32), rtol=1e-6)
+
+
+def test_linear_jobs_on_cpu():
+  """The linear section at a small shape: every job compiles side by side and
+  runs (gemm="pallas" falls back to XLA off Hopper), the GEMMs-only job on the
+  quantizers-only job's output, each ratio against that shape's bf16 fwd+bwd."""
+  from pallas_kernels import bench
+
+  rows, log = [], io.StringIO()
+  bench.run_jobs(rows, log, bench.linear_jobs([(128, 256, 128)]))
+  assert [r["ok"] for r in rows] == [True] * 9, log.getvalue()
+  assert rows[0]["name"] == "linear fwd+bwd bf16 gemm=fast" and rows[0]["vs_bf16"] == 1.0
+  assert "tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas" in [r["name"] for r in rows]
+  assert all(r["ms"] > 0 and np.isfinite(r["vs_bf16"]) for r in rows)

@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +37,31 @@ def _looped(fn, n: int):
   return jax.jit(run)
 
 
-def time_fn(fn, *args, reps: int = 15, inner: int = 10) -> float:
-  """Median seconds per call: each sample runs `inner` calls in one jitted loop, after warm-up."""
-  loop = _looped(fn, inner)
+def compile_loops(jobs: list, workers: int = 8) -> list:
+  """AOT-compiles the timing loop of each job (fn, args, inner) side by side.
+
+  Returns, per job, the compiled loop (pass it to `time_fn(..., loop=)`) or the
+  exception its tracing or compilation raised. Why threads: a benchmark's
+  compiles (XLA's, and Mosaic GPU's kernels inside them) take tens of seconds
+  each on the device host and release the GIL, while the device time they
+  cost is counted; `args` may be ShapeDtypeStructs (only shapes matter here).
+  """
+  def one(job):
+    fn, args, inner = job
+    try:
+      return _looped(fn, inner).lower(*args).compile()
+    except Exception as e:  # noqa: BLE001 - the caller reports it per job
+      return e
+  with ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as ex:
+    return list(ex.map(one, jobs))
+
+
+def time_fn(fn, *args, reps: int = 15, inner: int = 10, loop=None) -> float:
+  """Median seconds per call: each sample runs `inner` calls in one jitted loop, after warm-up.
+
+  loop: that loop already compiled by `compile_loops` for these args (fn and
+  inner are then unused)."""
+  loop = _looped(fn, inner) if loop is None else loop
   jax.block_until_ready(loop(*args))
   jax.block_until_ready(loop(*args))
   samples = []
