@@ -15,9 +15,9 @@ linear's forward alone, its six quantizers alone and its three GEMMs alone,
 each vs the same bf16 fwd+bwd. Every timed kernel is first checked against
 its reference on the same inputs (bitwise for the quantizer, FP32-accumulation
 tolerance for the GEMM); a variant that fails its check is reported and not
-timed. The quantizer and linear sections compile all their timing loops side
-by side first (`run_jobs`). Writes the table as JSON with the commit and
-device name; `--table FILES` renders saved JSON as markdown.
+timed. Every section compiles all its timing loops side by side first
+(`run_jobs`). Writes the table as JSON with the commit and device name;
+`--table FILES` renders saved JSON as markdown.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Job:
   key: (name, shape); later jobs' checks and rows read `outs` / `times` by
   key. check(out, outs) -> None or why the output is wrong (then the job
   is reported, not timed). row(dt, out, times) -> the result row, or None for a
-  job that is only a baseline or a check. timed=False: run and check only.
+  job that is only a baseline or a check. timed=False: run and check only
+  (row, if any, is then called with dt=None).
   args_from: the key of an earlier job whose output is this job's arguments
   (args then only give their shapes, for compiling).
   """
@@ -153,9 +154,9 @@ def run_jobs(rows: list, log, jobs: list[Job]) -> None:
       outs[j.key] = out
       if j.timed:
         times[j.key] = time_fn(j.fn, *args, reps=j.reps, loop=loop)
-        row = j.row(times[j.key], out, times) if j.row else None
-        if row is not None:
-          rows.append(row)
+      row = j.row(times.get(j.key), out, times) if j.row else None
+      if row is not None:
+        rows.append(row)
     except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
       _record_failure(rows, log, f"{j.name} {shape}", e, kind=j.kind, name=j.name, shape=shape)
     log.flush()
@@ -312,64 +313,87 @@ def _gemm_operands(m, k, n, seed=0):
   return a, b
 
 
-def check_gemm(cfg: GemmConfig) -> tuple[bool, float]:
-  """Relative max error vs the f32 HIGHEST reference at a mid-size shape (fresh data)."""
-  m, k, n = 2 * cfg.cta_tile_m * 4, 1024, cfg.cta_tile_n * 4
-  a, b = _gemm_operands(m, k, n, seed=7)
-  out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32, config=cfg))(a, b)
-  ref = nvfp4_gemm_reference(a, b)
-  err = float(jnp.max(jnp.abs(out - ref)) / jnp.max(jnp.abs(ref)))
-  return bool(np.isfinite(err) and err < 1e-5), err
+def _gemm_check_shape(cfg: GemmConfig) -> tuple:
+  """The mid-size shape a config is checked at: 8 x 4 CTA tiles, K = 1024 (8 promotion chunks)."""
+  return 2 * cfg.cta_tile_m * 4, 1024, cfg.cta_tile_n * 4
 
 
-def bench_gemms(rows: list, log, quick: bool):
-  shapes = GEMM_SHAPES[:2] if quick else GEMM_SHAPES
-  ok_cfgs = {}
-  for cname, cfg in GEMM_CONFIGS.items():
-    try:
-      ok, err = check_gemm(cfg)
-      ok_cfgs[cname] = ok
-      rows.append(dict(kind="gemm_check", name=f"pallas gemm {cname}", ok=ok, rel_err=err))
-    except Exception as e:  # noqa: BLE001
-      _record_failure(rows, log, f"gemm check {cname}", e, kind="gemm_check", name=f"pallas gemm {cname}")
-  for (m, k, n) in shapes:
+def _gemm_rel_err(out) -> float:
+  """Max abs error / max abs reference of a check job's (kernel f32 output, reference)."""
+  got, ref = out
+  return float(jnp.max(jnp.abs(got - ref)) / jnp.max(jnp.abs(ref)))
+
+
+def _gemm_check_ok(err: float) -> bool:
+  return bool(np.isfinite(err) and err < 1e-5)
+
+
+def gemm_jobs(quick: bool = False, shapes: list | None = None, configs: dict | None = None,
+              check_shape: tuple | None = None) -> list[Job]:
+  """NVFP4 GEMMs vs XLA's bf16 dot (and jax.nn.scaled_dot_general nvfp4).
+
+  Per config, a check: the kernel's f32 output vs nvfp4_gemm_reference (f32
+  HIGHEST) at a mid-size shape (`_gemm_check_shape`, or check_shape), fresh
+  data; max abs error / max abs reference < 1e-5. Per shape: the bf16 dot (the
+  baseline), per config the block-scaled bf16 GEMM on pre-decoded operands and
+  nvfp4_gemm with its XLA decode (reported, not timed, when the config's check
+  failed), then scaled_dot_general. quick: the first two shapes.
+  """
+  shapes = list(GEMM_SHAPES if shapes is None else shapes)
+  shapes = shapes[:2] if quick else shapes
+  configs = GEMM_CONFIGS if configs is None else configs
+  jobs, checks = [], {}
+  for cname, cfg in configs.items():
+    cshape = tuple(check_shape or _gemm_check_shape(cfg))
+    a, b = _gemm_operands(*cshape, seed=7)
+    checks[cname] = ck = (f"pallas gemm {cname}", cshape)
+
+    def check_row(dt, out, times, ck=ck):
+      err = _gemm_rel_err(out)
+      return dict(kind="gemm_check", name=ck[0], ok=_gemm_check_ok(err), rel_err=err)
+
+    jobs.append(Job(ck, lambda a, b, cfg=cfg: (nvfp4_gemm(a, b, out_dtype=jnp.float32, config=cfg),
+                                               nvfp4_gemm_reference(a, b)),
+                    (a, b), timed=False, inner=1, kind="gemm_check", row=check_row))
+
+  def needs_check(out, outs, ck):
+    if ck not in outs:
+      return "CHECK FAILED (see the check's row)"
+    err = _gemm_rel_err(outs[ck])
+    return None if _gemm_check_ok(err) else f"CHECK FAILED (rel_err={err:.2e}, see the check's row)"
+
+  for shape in shapes:
+    m, k, n = shape = tuple(shape)
     flops = 2.0 * m * n * k
     a, b = _gemm_operands(m, k, n)
     a_qs, a_so = nvfp4_bf16_operand(a)
     b_qs, b_so = nvfp4_bf16_operand(b)
     xa, xb = jax.random.normal(jax.random.key(3), (m, k), jnp.bfloat16), jax.random.normal(
         jax.random.key(4), (n, k), jnp.bfloat16)
-    dot = jax.jit(lambda x, y: jnp.dot(x, y.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
-    t_dot = time_fn(dot, xa, xb)
-    shape = (m, k, n)
-    rows.append(dict(kind="gemm", name="xla bf16 dot", shape=shape, ms=t_dot * 1e3, tflops=flops / t_dot / 1e12,
-                     vs_bf16=1.0, ok=True))
-    for cname, cfg in GEMM_CONFIGS.items():
-      if not ok_cfgs.get(cname):
-        continue
-      try:
-        kern = jax.jit(lambda aq, asc, bq, bsc, cfg=cfg: block_scaled_bf16_gemm(aq, asc, bq, bsc, config=cfg))
-        dt = time_fn(kern, a_qs, a_so, b_qs, b_so)
-        rows.append(dict(kind="gemm", name=f"pallas block-scaled bf16 gemm {cname}", shape=shape, ms=dt * 1e3,
-                         tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
-        full = jax.jit(lambda a, b, cfg=cfg: nvfp4_gemm(a, b, config=cfg))
-        dt = time_fn(full, a, b)
-        rows.append(dict(kind="gemm", name=f"pallas nvfp4_gemm (+XLA decode) {cname}", shape=shape,
-                         ms=dt * 1e3, tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
-      except Exception as e:  # noqa: BLE001
-        _record_failure(rows, log, f"gemm {cname} {shape}", e, kind="gemm", name=f"pallas gemm {cname}",
-                        shape=shape)
-    try:
+    base = ("xla bf16 dot", shape)
+
+    def job(name, fn, args, flops=flops, shape=shape, base=base, **kw):
+      return Job((name, shape), fn, args, kind="gemm", **kw,
+                 row=lambda dt, out, times: dict(kind="gemm", name=name, shape=shape, ms=dt * 1e3,
+                                                 tflops=flops / dt / 1e12, vs_bf16=times[base] / dt, ok=True))
+
+    jobs.append(job(base[0], lambda x, y: jnp.dot(x, y.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16),
+                    (xa, xb)))
+    for cname, cfg in configs.items():
+      check = lambda out, outs, ck=checks[cname]: needs_check(out, outs, ck)
+      jobs += [job(f"pallas block-scaled bf16 gemm {cname}",
+                   lambda aq, asc, bq, bsc, cfg=cfg: block_scaled_bf16_gemm(aq, asc, bq, bsc, config=cfg),
+                   (a_qs, a_so, b_qs, b_so), check=check),
+               job(f"pallas nvfp4_gemm (+XLA decode) {cname}", lambda a, b, cfg=cfg: nvfp4_gemm(a, b, config=cfg),
+                   (a, b), check=check)]
+
+    def sdg(x, y):
       cfgs = [jax.nn.get_scaled_dot_general_config("nvfp4")] * 3
-      sdg = jax.jit(lambda x, y: jax.nn.scaled_dot_general(
-          x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16, configs=cfgs))
-      dt = time_fn(sdg, xa, xb)
-      rows.append(dict(kind="gemm", name="jax.nn.scaled_dot_general nvfp4", shape=shape, ms=dt * 1e3,
-                       tflops=flops / dt / 1e12, vs_bf16=t_dot / dt, ok=True))
-    except Exception as e:  # noqa: BLE001
-      _record_failure(rows, log, f"scaled_dot_general {shape}", e, kind="gemm",
-                      name="jax.nn.scaled_dot_general nvfp4", shape=shape)
-    log.flush()
+      return jax.nn.scaled_dot_general(x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16,
+                                       configs=cfgs)
+
+    jobs.append(job("jax.nn.scaled_dot_general nvfp4", sdg, (xa, xb)))
+  return jobs
 
 
 LINEAR_SHAPES = [(16384, 1024, 4096), (16384, 4096, 1024)]  # (M tokens, K in, N out)
@@ -512,7 +536,11 @@ def markdown_tables(results: list) -> str:
       copies = [f"{'x'.join(map(str, r['shape']))} {r['name'].split()[-1]}: {r['copy_gbps']:.0f} GB/s"
                 for r in rows if "copy_gbps" in r]
       out += ([""] + ["Same-run copy bandwidth: " + "; ".join(copies) + "."] if copies else []) + [""]
-    checks = [f"{r['name']}: {r['rel_err']:.1e}" for r in res["rows"] if r.get("kind") == "gemm_check"]
+    def check_text(r):
+      if "rel_err" not in r:  # the check itself raised
+        return f"{r['name']}: failed: {r.get('error', '')[:80]}"
+      return f"{r['name']}: {r['rel_err']:.1e}{'' if r.get('ok') else ' (FAILED)'}"
+    checks = [check_text(r) for r in res["rows"] if r.get("kind") == "gemm_check"]
     if checks:
       out += ["GEMM checks before timing (max relative error vs f32 HIGHEST): " + "; ".join(checks) + ".", ""]
   return "\n".join(out)
@@ -558,7 +586,7 @@ def main(argv=None):
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
                         ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
-                        ("gemm", lambda: bench_gemms(rows, log, args.quick)),
+                        ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)

@@ -115,6 +115,8 @@ def interpreted_kernels(monkeypatch):
 
   monkeypatch.setattr(bench, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
   monkeypatch.setattr(bench, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
+  monkeypatch.setattr(bench, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
+  monkeypatch.setattr(bench, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
   monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: 1e-3)
   return bench
 
@@ -164,6 +166,65 @@ def test_failed_checks_are_reported_and_not_timed(rng, interpreted_kernels):
   bench.run_jobs(rows, io.StringIO(), jobs)
   assert not timed and [r["ok"] for r in rows] == [False, False]
   assert rows[0]["error"] == "MISMATCH vs reference" and "did not run" in rows[1]["error"]
+
+
+def test_gemm_jobs_check_then_time(interpreted_kernels):
+  """The GEMM section at one small shape: each config's check (kernel vs
+  nvfp4_gemm_reference) before its timed jobs; a config whose check fails
+  (here: SMEM over the limit) is reported, and its GEMMs are not timed;
+  scaled_dot_general is timed or reported as failed (it may not run on CPU)."""
+  from pallas_kernels.nvfp4_gemm import GemmConfig
+
+  bench = interpreted_kernels
+  shape = (128, 256, 128)
+  configs = {"t64x64_s2": GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1),
+             "too_big": GemmConfig(tile_m=256, tile_n=256, max_concurrent_steps=4)}
+  rows, log = [], io.StringIO()
+  jobs = bench.gemm_jobs(shapes=[shape, (256, 256, 256)], configs=configs, check_shape=(128, 384, 256), quick=True)
+  assert len({j.key for j in jobs}) == len(jobs)
+  bench.run_jobs(rows, log, [j for j in jobs if j.key[1] != (256, 256, 256)])
+  names = [r["name"] for r in rows]
+  assert names == ["pallas gemm t64x64_s2", "pallas gemm too_big", "xla bf16 dot",
+                   "pallas block-scaled bf16 gemm t64x64_s2", "pallas nvfp4_gemm (+XLA decode) t64x64_s2",
+                   "pallas block-scaled bf16 gemm too_big", "pallas nvfp4_gemm (+XLA decode) too_big",
+                   "jax.nn.scaled_dot_general nvfp4"], log.getvalue()
+  check, bad_check = rows[0], rows[1]
+  assert check["kind"] == "gemm_check" and check["ok"] and check["rel_err"] < 1e-5, check
+  assert bad_check["kind"] == "gemm_check" and not bad_check["ok"] and "ValueError" in bad_check["error"]
+  for r in rows[2:5]:
+    assert r["kind"] == "gemm" and r["ok"] and r["shape"] == shape, (r, log.getvalue())
+    assert r["ms"] == 1.0 and r["tflops"] > 0 and r["vs_bf16"] == 1.0
+  assert [r["ok"] for r in rows[5:7]] == [False, False] and all("ValueError" in r["error"] for r in rows[5:7])
+  sdg = rows[-1]
+  assert sdg["kind"] == "gemm" and (sdg["ok"] or sdg["error"]), sdg
+  text = bench.markdown_tables([{"rows": rows}])
+  assert f"pallas gemm t64x64_s2: {check['rel_err']:.1e}" in text and "pallas gemm too_big: failed: ValueError" in text
+  assert "| pallas nvfp4_gemm (+XLA decode) t64x64_s2 | 128x256x128 | 1.000 |" in text
+  assert "| pallas block-scaled bf16 gemm too_big | 128x256x128 | - | - | failed: ValueError" in text
+  bench.format_table(rows)
+
+
+def test_gemm_check_failure_stops_timing(monkeypatch, interpreted_kernels):
+  """A config whose kernel disagrees with the reference: its check row says so
+  (with the error), and its GEMMs run but are reported, not timed."""
+  from pallas_kernels.nvfp4_gemm import GemmConfig
+
+  bench = interpreted_kernels
+  ref = bench.nvfp4_gemm_reference
+  monkeypatch.setattr(bench, "nvfp4_gemm_reference", lambda a, b: 2 * ref(a, b))
+  timed = []
+  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: timed.append(f) or 1e-3)
+  shape = (128, 256, 128)
+  jobs = bench.gemm_jobs(shapes=[shape], configs={"t64x64": GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)},
+                         check_shape=shape)
+  rows, log = [], io.StringIO()
+  bench.run_jobs(rows, log, [j for j in jobs if j.kind == "gemm_check" or "t64x64" in j.name])
+  assert [r["name"] for r in rows] == ["pallas gemm t64x64", "pallas block-scaled bf16 gemm t64x64",
+                                       "pallas nvfp4_gemm (+XLA decode) t64x64"], log.getvalue()
+  assert not rows[0]["ok"] and 0.4 < rows[0]["rel_err"] < 0.6
+  assert all(not r["ok"] and r["error"].startswith("CHECK FAILED") for r in rows[1:]) and not timed
+  assert "FAILED/SKIPPED  rel_err=5" in bench.format_table(rows[:1])
+  assert "pallas gemm t64x64: 5.0e-01 (FAILED)" in bench.markdown_tables([{"rows": rows}])
 
 
 def test_linear_parts_match_the_layer():
