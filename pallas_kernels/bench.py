@@ -126,16 +126,20 @@ class Job:
     return self.key[0]
 
 
-def run_jobs(rows: list, log, jobs: list[Job]) -> None:
+def run_jobs(rows: list, log, jobs: list[Job], state: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
   """Compiles every job's timing loop side by side (compile_loops), then runs,
   checks and times them one at a time, in order. Each loop's output is its
   function's output (the arguments do not change between calls), so the
   checks read the very executable that is timed, and no kernel is compiled
-  twice (Mosaic GPU compiles cost 20-40 s each on the device host)."""
+  twice (Mosaic GPU compiles cost 20-40 s each on the device host).
+
+  state: (outs, times) of an earlier wave whose jobs later ones refer to by
+  key; returned, updated. Waves let a section secure its main rows before
+  compiling the rest (a wave's rows come only after all its compiles)."""
   t0 = time.perf_counter()
   loops = compile_loops([(j.fn, j.args, j.inner) for j in jobs])
   print(f"{len(jobs)} timing loops compiled in {time.perf_counter() - t0:.0f} s", flush=True)
-  outs, times = {}, {}
+  outs, times = state if state is not None else ({}, {})
   for j, loop in zip(jobs, loops):
     shape = j.key[1]
     try:
@@ -160,6 +164,7 @@ def run_jobs(rows: list, log, jobs: list[Job]) -> None:
     except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
       _record_failure(rows, log, f"{j.name} {shape}", e, kind=j.kind, name=j.name, shape=shape)
     log.flush()
+  return outs, times
 
 
 def _quant_row(name: str, shape, dt: float, nbytes: int, copy_bw: float, t_xla: float, **extra) -> dict:
@@ -187,12 +192,12 @@ def _inexact_check(ref_key):
   return check
 
 
-def quantizer_jobs(shapes: list) -> list[Job]:
+def quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job]:
   """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
   Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution."""
   jobs = []
   for shape in shapes:
-    for dtype in (jnp.bfloat16, jnp.float32):
+    for dtype in dtypes:
       x = _test_input(jax.random.key(1), shape, dtype)
       dname = jnp.dtype(dtype).name
       copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
@@ -255,7 +260,7 @@ def check_backward_output(xs, t, y, key, axis: int) -> str | None:
   return None
 
 
-def backward_quantizer_jobs(shapes: list) -> list[Job]:
+def backward_quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
   slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
@@ -264,7 +269,7 @@ def backward_quantizer_jobs(shapes: list) -> list[Job]:
   signs = hadamard_signs(key)
   jobs = []
   for shape in shapes:
-    for dtype in (jnp.bfloat16, jnp.float32):
+    for dtype in dtypes:
       x = _test_input(jax.random.key(2), shape, dtype)
       dname = jnp.dtype(dtype).name
       copy = (f"copy {dname}", shape)
@@ -429,13 +434,15 @@ def linear_parts(recipe: str, gemm: str):
   return quantize, gemms
 
 
-def linear_jobs(shapes: list) -> list[Job]:
+def linear_jobs(shapes: list, parts: bool = False) -> list[Job]:
   """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear, and where its time goes.
 
   Per shape: fwd+bwd of bf16 (the baseline), of tetrajet_v2 with gemm="fast"
   and "pallas"; then, per gemm, the forward alone, the six quantizers alone
   and the three GEMMs alone on their pre-quantized operands (`linear_parts`),
-  each vs the same bf16 fwd+bwd.
+  each vs the same bf16 fwd+bwd. parts=False: the fwd+bwd jobs; parts=True:
+  the attribution jobs, a second wave that reads the first wave's bf16 times
+  (`run_jobs` state).
   """
   from tetrajet_jax.linear import linear  # noqa: PLC0415 - the layer imports the kernels
 
@@ -455,14 +462,14 @@ def linear_jobs(shapes: list) -> list[Job]:
 
     def job(name, fn, args, **kw):
       return Job((name, shape), fn, args, kind="linear", inner=5, reps=7, **kw,
-                 row=lambda dt, out, times, name=name, shape=shape: dict(
+                 row=lambda dt, out, times, name=name, shape=shape, base=base: dict(
                      kind="linear", name=name, shape=shape, ms=dt * 1e3, vs_bf16=dt / times[base], ok=True))
 
-    for recipe, gemm in (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
+    for recipe, gemm in () if parts else (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
       jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}",
                       lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm),
                       (x, w, dy, key)))
-    for gemm in ("fast", "pallas"):
+    for gemm in ("fast", "pallas") if parts else ():
       quant, gemms = linear_parts("tetrajet_v2", gemm)
       qname = f"tetrajet_v2 quantizers only (6) gemm={gemm}"
       jobs += [job(f"tetrajet_v2 forward only gemm={gemm}",
@@ -553,6 +560,8 @@ def main(argv=None):
   p.add_argument("--quick", action="store_true", help="first shapes only")
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
+  p.add_argument("--linear-parts-shapes", default=None,
+                 help="shapes of the linear's attribution rows (default: --linear-shapes), a subset of them")
   sections = ("quant", "bwdquant", "gemm", "linear")
   p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
   p.add_argument("--table", nargs="+", metavar="JSON", default=None,
@@ -574,6 +583,7 @@ def main(argv=None):
     return out
   quant_shapes = shapes("--quant-shapes", args.quant_shapes, QUANT_SHAPES, 2)
   linear_shapes = shapes("--linear-shapes", args.linear_shapes, LINEAR_SHAPES, 3)
+  linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if args.quick:
     quant_shapes = quant_shapes[:1]
   if only is not None and not only <= set(sections):
@@ -585,9 +595,11 @@ def main(argv=None):
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
-                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
+                        ("bwdquant", lambda: [run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, (dt,)))
+                                              for dt in (jnp.bfloat16, jnp.float32)]),  # a wave per dtype
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick))),
-                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes)))):
+                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_parts_shapes, parts=True),
+                                                    run_jobs(rows, log, linear_jobs(linear_shapes))))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
         fn()

@@ -69,10 +69,11 @@ stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --o
   ${BENCH_ONLY:+--only "$BENCH_ONLY"}
 # The same bench, one process per section, each under its own limit (Mosaic
 # compiles dominate a section's time; one slow section cannot starve the next).
+# KBENCH_ARGS: extra bench flags for every section (e.g. --linear-parts-shapes).
 for section in linear gemm quant bwdquant; do
   limit_var="T_KBENCH_$(echo "$section" | tr a-z A-Z)"
   stage "kbench_$section" "${!limit_var:-150}" python3 -m pallas_kernels.bench --only "$section" \
-    --out "$OUT/kbench_$section.json" --log "/tmp/kbench_${section}_tracebacks.log"
+    --out "$OUT/kbench_$section.json" --log "/tmp/kbench_${section}_tracebacks.log" ${KBENCH_ARGS:-}
 done
 stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
   --arms "${THROUGHPUT_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \

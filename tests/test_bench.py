@@ -249,14 +249,23 @@ def test_linear_parts_match_the_layer():
 
 
 def test_linear_jobs_on_cpu():
-  """The linear section at a small shape: every job compiles side by side and
-  runs (gemm="pallas" falls back to XLA off Hopper), the GEMMs-only job on the
-  quantizers-only job's output, each ratio against that shape's bf16 fwd+bwd."""
+  """The linear section at two small shapes, in two waves as main() runs it:
+  every job compiles and runs (gemm="pallas" falls back to XLA off Hopper),
+  the GEMMs-only job on the quantizers-only job's output, and each ratio is
+  against the bf16 fwd+bwd of its own shape."""
   from pallas_kernels import bench
 
+  shapes = [(128, 256, 128), (128, 128, 256)]
   rows, log = [], io.StringIO()
-  bench.run_jobs(rows, log, bench.linear_jobs([(128, 256, 128)]))
-  assert [r["ok"] for r in rows] == [True] * 9, log.getvalue()
-  assert rows[0]["name"] == "linear fwd+bwd bf16 gemm=fast" and rows[0]["vs_bf16"] == 1.0
-  assert "tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas" in [r["name"] for r in rows]
-  assert all(r["ms"] > 0 and np.isfinite(r["vs_bf16"]) for r in rows)
+  state = bench.run_jobs(rows, log, bench.linear_jobs(shapes))
+  bench.run_jobs(rows, log, bench.linear_jobs(shapes[:1], parts=True), state)
+  assert [r["ok"] for r in rows] == [True] * 12, log.getvalue()
+  by = {(r["name"], tuple(r["shape"])): r for r in rows}
+  for shape in shapes:
+    base = by["linear fwd+bwd bf16 gemm=fast", shape]
+    assert base["vs_bf16"] == 1.0
+    r = by["linear fwd+bwd tetrajet_v2 gemm=fast", shape]
+    assert r["vs_bf16"] == pytest.approx(r["ms"] / base["ms"])
+  r = by["tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas", shapes[0]]
+  assert r["vs_bf16"] == pytest.approx(r["ms"] / by["linear fwd+bwd bf16 gemm=fast", shapes[0]]["ms"])
+  assert all(r["ms"] > 0 for r in rows)
