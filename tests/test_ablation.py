@@ -83,13 +83,16 @@ def test_bad_input_fails_before_compute(tmp_path, capsys, extra, message):
 
 
 def test_scan_blocks_flag_reaches_the_config_not_the_run_identity(tmp_path):
-  """--no-scan-blocks unrolls the blocks; a results folder (and its checkpoints)
-  may mix both, since they compute the same model up to float summation order."""
+  """--scan-blocks / --no-scan-blocks pick the layout (default: None, the
+  backend's choice); a results folder (and its checkpoints) may mix them,
+  since they compute the same model up to float summation order."""
   argv = ["--model", "tiny", "--arms", "bf16,tetrajet_v2", "--tokens", "16384", "--batch-size", "2",
           "--seq-len", "128", "--out", str(tmp_path)]
-  scanned = ablation.make_plan(ablation.parse_args(argv), vocab_size=512, train_tokens=100_000)
-  unrolled = ablation.make_plan(ablation.parse_args(argv + ["--no-scan-blocks"]), vocab_size=512,
-                                train_tokens=100_000)
-  assert all(c.scan_blocks for c in scanned.configs.values())
-  assert not any(c.scan_blocks for c in unrolled.configs.values())
-  assert ablation._run_identity(scanned) == ablation._run_identity(unrolled)  # pylint: disable=protected-access
+  plans = {flag: ablation.make_plan(ablation.parse_args(argv + ([flag] if flag else [])), vocab_size=512,
+                                    train_tokens=100_000)
+           for flag in (None, "--scan-blocks", "--no-scan-blocks")}
+  assert all(c.scan_blocks is None for c in plans[None].configs.values())
+  assert all(c.scan_blocks is True for c in plans["--scan-blocks"].configs.values())
+  assert all(c.scan_blocks is False for c in plans["--no-scan-blocks"].configs.values())
+  ids = [ablation._run_identity(p) for p in plans.values()]  # pylint: disable=protected-access
+  assert ids[0] == ids[1] == ids[2]

@@ -219,3 +219,14 @@ def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
   assert rel(g1["layers_3"], g0["layers_3"]) < 1e-2
   n1, n0 = (float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))) for g in (g1, g0))
   assert abs(n1 - n0) < 0.02 * n0
+
+
+def test_blocks_scan_on_the_cpu_and_unroll_on_gpus_by_default():
+  """scan_blocks=None follows the backend (`default_scan_blocks`: compile time
+  wins on the CPU, step time on GPUs); an explicit value always wins."""
+  from tetrajet_jax.model.olmo2 import default_scan_blocks
+
+  assert default_scan_blocks("cpu") is True and default_scan_blocks("gpu") is False
+  cfg = get_config("tiny").with_vocab(256)
+  assert OLMo2(cfg, recipe="bf16", rngs=nnx.Rngs(0)).scan_blocks is (jax.default_backend() == "cpu")
+  assert OLMo2(cfg, recipe="bf16", rngs=nnx.Rngs(0), scan_blocks=False).scan_blocks is False

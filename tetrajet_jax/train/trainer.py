@@ -96,7 +96,8 @@ class TrainConfig:
       oscillating fraction on OsciReset's windows (`osci_monitor`).
     gemm: QuantLinear GEMM mode.
     scan_blocks: run identical blocks as one lax.scan (`OLMo2`; compiles
-      one block graph instead of one per block).
+      one block graph instead of one per block); None: scan on the CPU,
+      unroll on GPUs (`default_scan_blocks`).
     attention: ``"xla"`` or ``"cudnn"``.
     eval_every: periodic validation every N steps (0: only when asked).
     eval_batches: batches per periodic validation.
@@ -139,7 +140,7 @@ class TrainConfig:
   monitor_oscillation: bool = True
   mesh_data: int | None = None
   mesh_fsdp: int = 1
-  scan_blocks: bool = True
+  scan_blocks: bool | None = None
 
   # Fields that do not change a single number of the run; a checkpoint may be
   # resumed with other values.
