@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -108,7 +109,8 @@ class Job:
   job that is only a baseline or a check. timed=False: run and check only
   (row, if any, is then called with dt=None).
   args_from: the key of an earlier job whose output is this job's arguments
-  (args then only give their shapes, for compiling).
+  (args then only give their shapes, for compiling). wave: consecutive jobs
+  with the same label compile together (`run_jobs`).
   """
   key: tuple
   fn: Callable
@@ -120,51 +122,66 @@ class Job:
   inner: int = 10
   reps: int = 15
   kind: str = "quant"
+  wave: str = ""
 
   @property
   def name(self) -> str:
     return self.key[0]
 
 
-def run_jobs(rows: list, log, jobs: list[Job], state: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
-  """Compiles every job's timing loop side by side (compile_loops), then runs,
-  checks and times them one at a time, in order. Each loop's output is its
-  function's output (the arguments do not change between calls), so the
-  checks read the very executable that is timed, and no kernel is compiled
-  twice (Mosaic GPU compiles cost 20-40 s each on the device host).
+def run_jobs(rows: list, log, jobs: list[Job]) -> None:
+  """Runs the jobs wave by wave (consecutive jobs with the same `wave` label).
 
-  state: (outs, times) of an earlier wave whose jobs later ones refer to by
-  key; returned, updated. Waves let a section secure its main rows before
-  compiling the rest (a wave's rows come only after all its compiles)."""
-  t0 = time.perf_counter()
-  loops = compile_loops([(j.fn, j.args, j.inner) for j in jobs])
-  print(f"{len(jobs)} timing loops compiled in {time.perf_counter() - t0:.0f} s", flush=True)
-  outs, times = state if state is not None else ({}, {})
-  for j, loop in zip(jobs, loops):
-    shape = j.key[1]
-    try:
-      if isinstance(loop, Exception):
-        raise loop
-      args = j.args
-      if j.args_from is not None:
-        if j.args_from not in outs:
-          raise RuntimeError(f"no arguments: {j.args_from[0]} did not run")
-        args = outs[j.args_from]
-      out = loop(*args)
-      why = j.check(out, outs) if j.check else None
-      if why:
-        rows.append(dict(kind=j.kind, name=j.name, shape=shape, ok=False, error=why))
-        continue
-      outs[j.key] = out
-      if j.timed:
-        times[j.key] = time_fn(j.fn, *args, reps=j.reps, loop=loop)
-      row = j.row(times.get(j.key), out, times) if j.row else None
-      if row is not None:
-        rows.append(row)
-    except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
-      _record_failure(rows, log, f"{j.name} {shape}", e, kind=j.kind, name=j.name, shape=shape)
+  Per wave: every timing loop compiles side by side (compile_loops), then
+  each job runs, is checked and is timed, one at a time, in order. Each loop's
+  output is its function's output (the arguments do not change between
+  calls), so the checks read the very executable that is timed, and no kernel
+  is compiled twice. Why waves: a wave's rows come only after all its
+  compiles, and a `gemm="pallas"` layer alone takes minutes to compile on the
+  device host, so builders give expensive jobs a wave of their own, after the
+  cheap ones, and a call cut off by its time limit keeps every earlier wave.
+  """
+  outs, times = {}, {}
+  for label, wave in itertools.groupby(jobs, key=lambda j: j.wave):
+    wave = list(wave)
+    t0 = time.perf_counter()
+    loops = compile_loops([(j.fn, j.args, j.inner) for j in wave])
+    print(f"wave {label or '-'}: {len(wave)} timing loops compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+    for j, loop in zip(wave, loops):
+      _run_job(rows, log, j, loop, outs, times)
+
+
+def _run_job(rows: list, log, j: Job, loop, outs: dict, times: dict) -> None:
+  shape = j.key[1]
+  try:
+    if isinstance(loop, Exception):
+      raise loop
+    args = j.args
+    if j.args_from is not None:
+      if j.args_from not in outs:
+        raise RuntimeError(f"no arguments: {j.args_from[0]} did not run")
+      args = outs[j.args_from]
+    out = loop(*args)
+    why = j.check(out, outs) if j.check else None
+    if why:
+      rows.append(dict(kind=j.kind, name=j.name, shape=shape, ok=False, error=why))
+      return
+    outs[j.key] = out
+    if j.timed:
+      times[j.key] = time_fn(j.fn, *args, reps=j.reps, loop=loop)
+    row = j.row(times.get(j.key), out, times) if j.row else None
+    if row is not None:
+      rows.append(row)
+  except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
+    _record_failure(rows, log, f"{j.name} {shape}", e, kind=j.kind, name=j.name, shape=shape)
+  finally:
     log.flush()
-  return outs, times
+
+
+def _label(jobs: list[Job], start: int, wave: str) -> None:
+  """Puts the jobs from `start` on that have no wave yet into `wave`."""
+  for j in jobs[start:]:
+    j.wave = j.wave or wave
 
 
 def _quant_row(name: str, shape, dt: float, nbytes: int, copy_bw: float, t_xla: float, **extra) -> dict:
@@ -192,12 +209,13 @@ def _inexact_check(ref_key):
   return check
 
 
-def quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job]:
+def quantizer_jobs(shapes: list) -> list[Job]:
   """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
   Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution."""
   jobs = []
   for shape in shapes:
-    for dtype in dtypes:
+    for dtype in (jnp.bfloat16, jnp.float32):
+      start = len(jobs)
       x = _test_input(jax.random.key(1), shape, dtype)
       dname = jnp.dtype(dtype).name
       copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
@@ -224,6 +242,7 @@ def quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job
         jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
                         row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
                             key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+      _label(jobs, start, f"rtn {dname}")
       if dtype == jnp.bfloat16:
         exact = (f"pallas rtn {dname} rows64_s2", shape)
         for suffix, knobs in ATTRIBUTION:
@@ -232,6 +251,7 @@ def quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job
                           check=_inexact_check(exact) if "_division" in knobs else None,
                           row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
                               key[0], key[1], dt, nb, bw(times), times[xla])))
+        _label(jobs, start, f"rtn {dname} attribution")
   return jobs
 
 
@@ -260,7 +280,7 @@ def check_backward_output(xs, t, y, key, axis: int) -> str | None:
   return None
 
 
-def backward_quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) -> list[Job]:
+def backward_quantizer_jobs(shapes: list) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
   slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
@@ -269,7 +289,8 @@ def backward_quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) ->
   signs = hadamard_signs(key)
   jobs = []
   for shape in shapes:
-    for dtype in dtypes:
+    for dtype in (jnp.bfloat16, jnp.float32):
+      start = len(jobs)  # the copy joins the first axis's wave
       x = _test_input(jax.random.key(2), shape, dtype)
       dname = jnp.dtype(dtype).name
       copy = (f"copy {dname}", shape)
@@ -299,6 +320,7 @@ def backward_quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) ->
               v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
               row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
                   pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+        _label(jobs, start, f"rht+sr {dname} axis={axis}")
         if dtype == jnp.bfloat16 and axis == -1:
           exact = (f"pallas rht+sr {dname} axis={axis}", shape)
           for suffix, knobs in ATTRIBUTION:
@@ -308,6 +330,7 @@ def backward_quantizer_jobs(shapes: list, dtypes=(jnp.bfloat16, jnp.float32)) ->
                             check=_inexact_check(exact) if "_division" in knobs else needs_check,
                             row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(
                                 ak[0], ak[1], dt, nb, bw(times), times[xla])))
+          _label(jobs, start, f"rht+sr {dname} axis={axis} attribution")
   return jobs
 
 
@@ -361,6 +384,8 @@ def gemm_jobs(quick: bool = False, shapes: list | None = None, configs: dict | N
                                                nvfp4_gemm_reference(a, b)),
                     (a, b), timed=False, inner=1, kind="gemm_check", row=check_row))
 
+  _label(jobs, 0, "gemm checks")
+
   def needs_check(out, outs, ck):
     if ck not in outs:
       return "CHECK FAILED (see the check's row)"
@@ -398,6 +423,7 @@ def gemm_jobs(quick: bool = False, shapes: list | None = None, configs: dict | N
                                        configs=cfgs)
 
     jobs.append(job("jax.nn.scaled_dot_general nvfp4", sdg, (xa, xb)))
+    _label(jobs, 0, f"gemm {m}x{k}x{n}")
   return jobs
 
 
@@ -441,8 +467,9 @@ def linear_jobs(shapes: list, parts: bool = False) -> list[Job]:
   and "pallas"; then, per gemm, the forward alone, the six quantizers alone
   and the three GEMMs alone on their pre-quantized operands (`linear_parts`),
   each vs the same bf16 fwd+bwd. parts=False: the fwd+bwd jobs; parts=True:
-  the attribution jobs, a second wave that reads the first wave's bf16 times
-  (`run_jobs` state).
+  the attribution jobs (run after the fwd+bwd jobs of the same shapes: their
+  ratios read those bf16 times). Waves: per shape the XLA rows, then the
+  pallas layer alone, then per gemm the attribution rows.
   """
   from tetrajet_jax.linear import linear  # noqa: PLC0415 - the layer imports the kernels
 
@@ -468,7 +495,7 @@ def linear_jobs(shapes: list, parts: bool = False) -> list[Job]:
     for recipe, gemm in () if parts else (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
       jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}",
                       lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm),
-                      (x, w, dy, key)))
+                      (x, w, dy, key), wave=f"linear {'pallas' if gemm == 'pallas' else 'xla'} {m}x{k}x{n}"))
     for gemm in ("fast", "pallas") if parts else ():
       quant, gemms = linear_parts("tetrajet_v2", gemm)
       qname = f"tetrajet_v2 quantizers only (6) gemm={gemm}"
@@ -477,6 +504,7 @@ def linear_jobs(shapes: list, parts: bool = False) -> list[Job]:
                job(qname, quant, (x, w, dy, key)),
                job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", gemms,
                    jax.eval_shape(quant, x, w, dy, key), args_from=(qname, shape))]
+      _label(jobs, len(jobs) - 3, f"linear parts {gemm} {m}x{k}x{n}")
   return jobs
 
 
@@ -595,11 +623,10 @@ def main(argv=None):
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
-                        ("bwdquant", lambda: [run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, (dt,)))
-                                              for dt in (jnp.bfloat16, jnp.float32)]),  # a wave per dtype
+                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick))),
-                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_parts_shapes, parts=True),
-                                                    run_jobs(rows, log, linear_jobs(linear_shapes))))):
+                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes)
+                                                    + linear_jobs(linear_parts_shapes, parts=True)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
         fn()

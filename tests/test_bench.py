@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 
 import jax
@@ -249,7 +250,7 @@ def test_linear_parts_match_the_layer():
 
 
 def test_linear_jobs_on_cpu():
-  """The linear section at two small shapes, in two waves as main() runs it:
+  """The linear section at two small shapes, wave by wave as main() runs it:
   every job compiles and runs (gemm="pallas" falls back to XLA off Hopper),
   the GEMMs-only job on the quantizers-only job's output, and each ratio is
   against the bf16 fwd+bwd of its own shape."""
@@ -257,8 +258,11 @@ def test_linear_jobs_on_cpu():
 
   shapes = [(128, 256, 128), (128, 128, 256)]
   rows, log = [], io.StringIO()
-  state = bench.run_jobs(rows, log, bench.linear_jobs(shapes))
-  bench.run_jobs(rows, log, bench.linear_jobs(shapes[:1], parts=True), state)
+  jobs = bench.linear_jobs(shapes) + bench.linear_jobs(shapes[:1], parts=True)
+  waves = [label for label, _ in itertools.groupby(j.wave for j in jobs)]
+  assert waves == ["linear xla 128x256x128", "linear pallas 128x256x128", "linear xla 128x128x256",
+                   "linear pallas 128x128x256", "linear parts fast 128x256x128", "linear parts pallas 128x256x128"]
+  bench.run_jobs(rows, log, jobs)
   assert [r["ok"] for r in rows] == [True] * 12, log.getvalue()
   by = {(r["name"], tuple(r["shape"])): r for r in rows}
   for shape in shapes:
@@ -269,3 +273,22 @@ def test_linear_jobs_on_cpu():
   r = by["tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas", shapes[0]]
   assert r["vs_bf16"] == pytest.approx(r["ms"] / by["linear fwd+bwd bf16 gemm=fast", shapes[0]]["ms"])
   assert all(r["ms"] > 0 for r in rows)
+
+
+def test_run_jobs_compiles_wave_by_wave(monkeypatch):
+  """Each wave's loops compile together and its rows land before the next
+  wave compiles (a call cut off mid-section keeps the earlier waves' rows)."""
+  from pallas_kernels import bench
+
+  events, real = [], bench.compile_loops
+  monkeypatch.setattr(bench, "compile_loops", lambda jobs: events.append(("compile", len(jobs))) or real(jobs))
+  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: 1e-3)
+  x = jnp.ones((8, 128), jnp.float32)
+  row = lambda dt, out, times: events.append("row") or dict(kind="linear", name="r", ok=True, ms=1.0, vs_bf16=1.0)
+  jobs = [bench.Job(("a", ()), lambda v: v + 1, (x,), row=row, wave="one"),
+          bench.Job(("b", ()), lambda v: v * 2, (x,), row=row, wave="one"),
+          bench.Job(("c", ()), lambda v: v - 1, (x,), row=row, wave="two")]
+  bench.run_jobs([], io.StringIO(), jobs)
+  assert events == [("compile", 2), "row", "row", ("compile", 1), "row"]
+  waves = [j.wave for j in bench.gemm_jobs(shapes=[(128, 256, 128)], configs={})]
+  assert waves == ["gemm 128x256x128"] * 2
