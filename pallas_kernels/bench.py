@@ -15,8 +15,8 @@ linear's forward alone, its six quantizers alone and its three GEMMs alone,
 each vs the same bf16 fwd+bwd. Every timed kernel is first checked against
 its reference on the same inputs (bitwise for the quantizer, FP32-accumulation
 tolerance for the GEMM); a variant that fails its check is reported and not
-timed. Every section compiles all its timing loops side by side first
-(`run_jobs`). Writes the table as JSON with the commit and device name;
+timed. Each section runs in waves (`run_jobs`): a wave's timing loops
+compile side by side, then its rows are measured. Writes the table as JSON with the commit and device name;
 `--table FILES` renders saved JSON as markdown.
 """
 
@@ -460,51 +460,57 @@ def linear_parts(recipe: str, gemm: str):
   return quantize, gemms
 
 
-def linear_jobs(shapes: list, parts: bool = False) -> list[Job]:
+def linear_jobs(shapes: list, parts_shapes: list = ()) -> list[Job]:
   """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear, and where its time goes.
 
   Per shape: fwd+bwd of bf16 (the baseline), of tetrajet_v2 with gemm="fast"
-  and "pallas"; then, per gemm, the forward alone, the six quantizers alone
-  and the three GEMMs alone on their pre-quantized operands (`linear_parts`),
-  each vs the same bf16 fwd+bwd. parts=False: the fwd+bwd jobs; parts=True:
-  the attribution jobs (run after the fwd+bwd jobs of the same shapes: their
-  ratios read those bf16 times). Waves: per shape the XLA rows, then the
-  pallas layer alone, then per gemm the attribution rows.
+  and "pallas". Then, per shape of parts_shapes (a subset of shapes: their
+  ratios read its bf16 times) and per gemm, the forward alone, the six
+  quantizers alone and the three GEMMs alone on their pre-quantized operands
+  (`linear_parts`), each vs the same bf16 fwd+bwd. Waves: per shape the XLA
+  rows, then the pallas layer alone; then per shape and gemm the attribution.
   """
   from tetrajet_jax.linear import linear  # noqa: PLC0415 - the layer imports the kernels
+
+  missing = [s for s in parts_shapes if s not in shapes]
+  if missing:
+    raise ValueError(f"linear_jobs: attribution shapes {missing} are not among the timed shapes {shapes}; "
+                     "their ratios need that shape's bf16 fwd+bwd.")
 
   def step(x, w, dy, key, recipe, gemm):
     y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe=recipe, key=key, gemm=gemm), x, w)
     return y, vjp(dy.astype(y.dtype))
 
-  jobs = []
-  for shape in shapes:
+  def inputs(shape):
     m, k, n = shape
     kx, kw, kd = jax.random.split(jax.random.key(5), 3)
-    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
-    w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
-    dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
-    key = jax.random.key(0)
+    return (jax.random.normal(kx, (m, k), jnp.bfloat16), jax.random.normal(kw, (k, n), jnp.float32) * 0.02,
+            jax.random.normal(kd, (m, n), jnp.bfloat16), jax.random.key(0))
+
+  def job(name, shape, fn, args, wave, **kw):
     base = ("linear fwd+bwd bf16 gemm=fast", shape)
+    return Job((name, shape), fn, args, kind="linear", inner=5, reps=7, wave=f"{wave} {'x'.join(map(str, shape))}",
+               row=lambda dt, out, times: dict(kind="linear", name=name, shape=shape, ms=dt * 1e3,
+                                               vs_bf16=dt / times[base], ok=True), **kw)
 
-    def job(name, fn, args, **kw):
-      return Job((name, shape), fn, args, kind="linear", inner=5, reps=7, **kw,
-                 row=lambda dt, out, times, name=name, shape=shape, base=base: dict(
-                     kind="linear", name=name, shape=shape, ms=dt * 1e3, vs_bf16=dt / times[base], ok=True))
-
-    for recipe, gemm in () if parts else (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
-      jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}",
+  data = {tuple(shape): inputs(shape) for shape in shapes}
+  jobs = []
+  for shape in data:
+    for recipe, gemm in (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
+      jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}", shape,
                       lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm),
-                      (x, w, dy, key), wave=f"linear {'pallas' if gemm == 'pallas' else 'xla'} {m}x{k}x{n}"))
-    for gemm in ("fast", "pallas") if parts else ():
+                      data[shape], f"linear {'pallas' if gemm == 'pallas' else 'xla'}"))
+  for shape in map(tuple, parts_shapes):
+    x, w, dy, key = data[shape]
+    for gemm in ("fast", "pallas"):
       quant, gemms = linear_parts("tetrajet_v2", gemm)
-      qname = f"tetrajet_v2 quantizers only (6) gemm={gemm}"
-      jobs += [job(f"tetrajet_v2 forward only gemm={gemm}",
-                   lambda x, w, key, gemm=gemm: linear(x, w, recipe="tetrajet_v2", key=key, gemm=gemm), (x, w, key)),
-               job(qname, quant, (x, w, dy, key)),
-               job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", gemms,
-                   jax.eval_shape(quant, x, w, dy, key), args_from=(qname, shape))]
-      _label(jobs, len(jobs) - 3, f"linear parts {gemm} {m}x{k}x{n}")
+      qname, wave = f"tetrajet_v2 quantizers only (6) gemm={gemm}", f"linear parts {gemm}"
+      jobs += [job(f"tetrajet_v2 forward only gemm={gemm}", shape,
+                   lambda x, w, key, gemm=gemm: linear(x, w, recipe="tetrajet_v2", key=key, gemm=gemm),
+                   (x, w, key), wave),
+               job(qname, shape, quant, (x, w, dy, key), wave),
+               job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", shape, gemms,
+                   jax.eval_shape(quant, x, w, dy, key), wave, args_from=(qname, shape))]
   return jobs
 
 
@@ -612,6 +618,8 @@ def main(argv=None):
   quant_shapes = shapes("--quant-shapes", args.quant_shapes, QUANT_SHAPES, 2)
   linear_shapes = shapes("--linear-shapes", args.linear_shapes, LINEAR_SHAPES, 3)
   linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
+  if not set(linear_parts_shapes) <= set(linear_shapes):
+    p.error("--linear-parts-shapes: every shape must also be in --linear-shapes (the ratios need its bf16 row)")
   if args.quick:
     quant_shapes = quant_shapes[:1]
   if only is not None and not only <= set(sections):
@@ -625,8 +633,7 @@ def main(argv=None):
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
                         ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick))),
-                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes)
-                                                    + linear_jobs(linear_parts_shapes, parts=True)))):
+                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes, linear_parts_shapes)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
         fn()

@@ -258,7 +258,7 @@ def test_linear_jobs_on_cpu():
 
   shapes = [(128, 256, 128), (128, 128, 256)]
   rows, log = [], io.StringIO()
-  jobs = bench.linear_jobs(shapes) + bench.linear_jobs(shapes[:1], parts=True)
+  jobs = bench.linear_jobs(shapes, shapes[:1])
   waves = [label for label, _ in itertools.groupby(j.wave for j in jobs)]
   assert waves == ["linear xla 128x256x128", "linear pallas 128x256x128", "linear xla 128x128x256",
                    "linear pallas 128x128x256", "linear parts fast 128x256x128", "linear parts pallas 128x256x128"]
@@ -273,6 +273,8 @@ def test_linear_jobs_on_cpu():
   r = by["tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas", shapes[0]]
   assert r["vs_bf16"] == pytest.approx(r["ms"] / by["linear fwd+bwd bf16 gemm=fast", shapes[0]]["ms"])
   assert all(r["ms"] > 0 for r in rows)
+  with pytest.raises(ValueError, match="not among the timed shapes"):
+    bench.linear_jobs(shapes[:1], shapes[1:])
 
 
 def test_run_jobs_compiles_wave_by_wave(monkeypatch):
