@@ -593,6 +593,7 @@ def main(argv=None):
   p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
   p.add_argument("--quick", action="store_true", help="first shapes only")
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
+  p.add_argument("--gemm-shapes", default=None, help="GEMM shapes MxKxN (out [M, N]), e.g. 16384x1024x1024")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
                  help="shapes of the linear's attribution rows (default: --linear-shapes), a subset of them")
@@ -616,6 +617,7 @@ def main(argv=None):
       p.error(f"{flag}: expected {dims} sizes joined by 'x', comma-separated, got {value!r}")
     return out
   quant_shapes = shapes("--quant-shapes", args.quant_shapes, QUANT_SHAPES, 2)
+  gemm_shapes = shapes("--gemm-shapes", args.gemm_shapes, GEMM_SHAPES, 3)
   linear_shapes = shapes("--linear-shapes", args.linear_shapes, LINEAR_SHAPES, 3)
   linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if not set(linear_parts_shapes) <= set(linear_shapes):
@@ -632,7 +634,7 @@ def main(argv=None):
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
                         ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
-                        ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick))),
+                        ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes, linear_parts_shapes)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
