@@ -7,11 +7,13 @@ spec section 1 to the bit:
           holds NaN/Inf),
   s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),
   q     = rne_e2m1(x / (s_in * s_out)), saturating at 6.
-Every division is `tetrajet_jax.numerics.div_rn` and the E4M3 rounding is
-`round_to_e4m3`, the reference's own functions: the H200 run showed that
-Mosaic GPU's f32 division is not correctly rounded (ties of x / s rounded
-the wrong way), so the hardware quotient is only an estimate and exact
-integer arithmetic decides the rounding.
+The scale divisions are `tetrajet_jax.numerics.div_rn`, the E4M3 rounding is
+`round_to_e4m3`, and the element rounding is `nearest_index_of_quotient`,
+the reference's own functions: the H200 run showed that Mosaic GPU's f32
+division is not correctly rounded (ties of x / s rounded the wrong way), so
+exact integer arithmetic decides the scales, and the elements are rounded by
+exact compares against the scaled midpoints with no division at all (the
+per-element div_rn was half the kernel's time, bench 30d8e1c).
 
 Kernel: grid (row blocks, K blocks of 128), K sequential so TMA pipelines the
 loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
@@ -40,6 +42,7 @@ from jax import lax
 
 from pallas_kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
+from tetrajet_jax.numerics.e2m1 import nearest_index_of_quotient, quotient_thresholds
 from tetrajet_jax.numerics.scales import div_by_constant, div_rn, round_to_e4m3
 
 OUTER = 128
@@ -52,8 +55,9 @@ _THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, F
 
 Packing = Literal["pairs", "xla"]
 # Timing-only knobs (the bench's attribution rows; results are NOT the reference's):
-# "hardware" replaces the exact per-element div_rn by the plain x / s (scales stay
-# exact), "none" replaces all tile math by copying input bits (same loads and stores).
+# "hardware" rounds the plain x / s instead of deciding RNE of the IEEE quotient
+# exactly (scales stay exact), "none" replaces all tile math by copying input bits
+# (same loads and stores).
 Division = Literal["exact", "hardware"]
 Math = Literal["full", "none"]
 
@@ -91,18 +95,15 @@ def tile_scales(amax_in: list) -> tuple[jax.Array, list]:
   return s_out, s_ins
 
 
-def element_quotient(x, s, division: Division):
-  """x / s per element: exact div_rn, or the hardware quotient (timing only)."""
-  return div_rn(x, s, positive_divisor=True) if division == "exact" else x / s
-
-
 def _quantize_tile(load_sub, division: Division = "exact"):
   """Shared tile math for one 128-wide block per row (all rows of the tile).
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
       values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
-    division: "exact" (div_rn) or "hardware" (x / s, timing only: not bitwise).
+    division: "exact" (the reference's RNE of the IEEE quotient, decided by
+      exact compares: numerics.e2m1.nearest_index_of_quotient) or "hardware"
+      (thresholds on the plain x / s, timing only: not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] / qs[c] are tuples matching load_sub(c)
@@ -119,11 +120,14 @@ def _quantize_tile(load_sub, division: Division = "exact"):
   codes, qss = [], []
   for parts, s_in in zip(xs, s_ins):
     s = s_in * s_out
+    th = quotient_thresholds(s) if division == "exact" else None  # per row, shared by the parts
     cs, qs = [], []
     for x in parts:
-      v = element_quotient(x, lax.broadcast_in_dim(s, x.shape, [0]), division)
-      idx = _rne_e2m1_index(jnp.abs(v))
-      neg = (v < 0.0) & (idx > 0)
+      if th is not None:
+        idx = nearest_index_of_quotient(jnp.abs(x), th, lambda v, x=x: lax.broadcast_in_dim(v, x.shape, [0]))
+      else:
+        idx = _rne_e2m1_index(jnp.abs(x / lax.broadcast_in_dim(s, x.shape, [0])))
+      neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
       mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
       qs.append(jnp.where(neg, -mag, mag))

@@ -55,10 +55,11 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import _platform
-from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, element_quotient,
-                                           store_packed_tile, store_trivial_tile, tile_scales)
+from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, store_packed_tile,
+                                           store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
+from tetrajet_jax.numerics.scales import div_rn
 
 _GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
 _GOLDEN = 0x9E3779B9
@@ -125,6 +126,11 @@ def _sr_index(a, u):
   inv_gap = jnp.where(lo_idx >= 6, 0.5, jnp.where(lo_idx >= 4, 1.0, 2.0))  # 1 / (hi - lo), exact
   p_up = (a - lo) * inv_gap  # exact: a - lo is exact (Sterbenz), times a power of two
   return jnp.minimum(lo_idx + jnp.where(u < p_up, 1, 0), 7)
+
+
+def element_quotient(x, s, division: Division):
+  """x / s per element: exact div_rn, or the hardware quotient (timing only)."""
+  return div_rn(x, s, positive_divisor=True) if division == "exact" else x / s
 
 
 def _swizzled(dtype, minor: int):

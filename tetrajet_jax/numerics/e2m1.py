@@ -11,9 +11,13 @@ with a float4 cast: comparisons cannot be elided by XLA under jit.
 
 from __future__ import annotations
 
+import math
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 E2M1_MAX = 6.0
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
@@ -28,7 +32,8 @@ def _grid_lookup(idx: jax.Array) -> jax.Array:
   return jnp.asarray(E2M1_GRID)[idx.astype(jnp.int32)]
 
 
-def _with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
+def with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
+  """E2M1 codes (uint8) of magnitude indices and signs; zero stays +0."""
   idx = idx.astype(jnp.uint8)
   return jnp.where(negative & (idx > 0), idx | 0x8, idx).astype(jnp.uint8)
 
@@ -43,7 +48,71 @@ def round_e2m1_nearest(v: jax.Array) -> jax.Array:
   idx = jnp.zeros(v.shape, jnp.int32)
   for mid, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP):
     idx += (a >= mid) if up else (a > mid)
-  return _with_sign(idx, v < 0)
+  return with_sign(idx, v < 0)
+
+
+class QuotientThresholds(NamedTuple):
+  """Per-scale constants that decide round_e2m1_nearest(fl(|x| / s)) by exact
+  comparisons (see nearest_index_of_quotient); every field has s's shape."""
+  p: jax.Array  # 2^k with s' = s 2^k in [1, 2)
+  hi: tuple  # per midpoint t: t s'_hi (exact: 3 x 21 significant bits)
+  lo: tuple  # per midpoint t: t s'_lo (exact: 3 x 3 bits)
+  bound: tuple  # per midpoint t: -2^(e_t - 24) s' (tie rounds up) or +2^(e_t - 24) s'
+
+
+_F32_MIN_NORMAL = 2.0**-126
+
+
+def quotient_thresholds(s: jax.Array) -> QuotientThresholds:
+  """The constants of nearest_index_of_quotient for positive normal scales s (NaN s: index 0).
+
+  The threshold test "fl(y) >= t" (tie up) or "fl(y) > t" (tie down) of RNE
+  on the float32 quotient y = |x| / s is, with float32 rounding fl made
+  explicit, "y >= t - 2^(e_t - 24)" or "y > t + 2^(e_t - 24)" on the real
+  quotient (e_t = floor(log2 t); a midpoint t has a short significand, so
+  its float32 neighbours are t -+ 2^(e_t - 23), and a real y halfway between
+  rounds to t, the even one). Multiplied out: D = |x| - t s against
+  -+2^(e_t - 24) s. With s' = s 2^k in [1, 2) split by bit mask into s'_hi
+  (21 significant bits) + s'_lo (3), both products with t are exact, and
+  D = (|x| 2^k - t s'_hi) - t s'_lo is exact wherever it is near the bound
+  (Sterbenz, then a short difference); far from it both roundings keep its
+  sign. So no division and no rounding decides anything.
+  """
+  s = jnp.asarray(s, jnp.float32)
+  bits = lax.bitcast_convert_type(s, jnp.uint32)
+  e = ((bits >> 23) & jnp.uint32(0xFF)).astype(jnp.int32)  # biased exponent of s, 1..254
+  p = lax.bitcast_convert_type(((254 - e) << 23).astype(jnp.uint32), jnp.float32)  # 2^(127 - e)
+  s1 = s * p  # in [1, 2), exact (NaN stays NaN)
+  s_hi = lax.bitcast_convert_type(lax.bitcast_convert_type(s1, jnp.uint32) & jnp.uint32(0xFFFFFFF8), jnp.float32)
+  s_lo = s1 - s_hi  # exact: the low 3 significand bits
+  hi, lo, bound = [], [], []
+  for t, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP):
+    half_gap = 2.0**(math.floor(math.log2(t)) - 24)
+    hi.append(t * s_hi)
+    lo.append(t * s_lo)
+    bound.append(s1 * (-half_gap if up else half_gap))  # exact: times a power of two
+  return QuotientThresholds(p, tuple(hi), tuple(lo), tuple(bound))
+
+
+def nearest_index_of_quotient(ax: jax.Array, th: QuotientThresholds,
+                              expand: Callable[[jax.Array], jax.Array] = lambda v: v) -> jax.Array:
+  """Magnitude index (int32, 0..7) of round_e2m1_nearest(fl(ax / s)), bitwise
+  the index of the correctly rounded float32 quotient (subnormal ax and
+  subnormal quotients flushed to 0, as scales.div_rn), without dividing.
+
+  ax = |x| (float32, >= 0 or NaN -> 0); th = quotient_thresholds(s); expand
+  broadcasts a per-scale field to ax's shape (e.g. a row vector inside a
+  kernel). About 30 operations per element, against ~60 for div_rn and the
+  threshold compares; on XLA nothing here can be simplified away (compares
+  and selects of exact values).
+  """
+  x1 = jnp.where(ax >= _F32_MIN_NORMAL, ax * expand(th.p), 0.0)  # |x| 2^k: exact (overflow -> inf -> 7)
+  idx = jnp.zeros(ax.shape, jnp.int32)
+  for i, (hi, lo, bound, up) in enumerate(zip(th.hi, th.lo, th.bound, _TIE_ROUNDS_UP)):
+    d = (x1 - expand(hi)) - expand(lo)
+    # The tests are monotone in i (each midpoint above the last), so later selects override.
+    idx = jnp.where(d >= expand(bound) if up else d > expand(bound), i + 1, idx)
+  return idx
 
 
 def round_e2m1_stochastic(v: jax.Array, key: jax.Array) -> jax.Array:
@@ -64,7 +133,7 @@ def round_e2m1_stochastic(v: jax.Array, key: jax.Array) -> jax.Array:
   p_up = (a - lo) * jnp.asarray(_INV_GAP)[lo_idx]
   u = jax.random.uniform(key, v.shape, jnp.float32)
   idx = lo_idx + (u < p_up).astype(jnp.int32)
-  return _with_sign(idx, v < 0)
+  return with_sign(idx, v < 0)
 
 
 def decode_e2m1(codes: jax.Array) -> jax.Array:

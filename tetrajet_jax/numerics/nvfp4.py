@@ -20,8 +20,8 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.numerics import checks
-from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, pack_e2m1, round_e2m1_nearest,
-                                        round_e2m1_stochastic, unpack_e2m1)
+from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, nearest_index_of_quotient, pack_e2m1,
+                                        quotient_thresholds, round_e2m1_stochastic, unpack_e2m1, with_sign)
 from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL, div_by_constant, div_rn, round_to_e4m3
 
 INNER_BLOCK = 16
@@ -202,7 +202,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(ax.max(), finite.all(), "tensor")
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [R/16, K/16]
-    s_elem = jnp.repeat(jnp.repeat(s_in * s_out_in, 16, 0), 16, 1)  # [R, K]
+    per_element = lambda v: jnp.repeat(jnp.repeat(v, 16, 0), 16, 1)  # [R/16, K/16] -> [R, K]
   else:
     lead, k = xc.shape[:-1], xc.shape[-1]
     amax_in = ax.reshape(*lead, k // 16, 16).max(axis=-1)  # [..., K/16]
@@ -215,14 +215,17 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(ax.max(), finite.all(), "tensor")
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [..., K/16]
-    s_elem = jnp.repeat(s_in * s_out_in, 16, axis=-1)  # [..., K]
+    per_element = lambda v: jnp.repeat(v, 16, axis=-1)  # [..., K/16] -> [..., K]
 
-  # IEEE quotient on every backend (scales.div_rn); the barriers here and on
-  # the scales keep XLA's CPU compile time bounded (see div_rn).
-  v = lax.optimization_barrier(div_rn(xc, s_elem, positive_divisor=True))
+  s_block = s_in * s_out_in  # the element scale of each inner block
+  # The barriers keep XLA's CPU compile time bounded (see div_rn).
   if rounding == "nearest":
-    codes = round_e2m1_nearest(v)
+    # RNE of the IEEE quotient x / s, decided by exact compares (no division).
+    idx = nearest_index_of_quotient(ax, quotient_thresholds(s_block), per_element)
+    codes = with_sign(lax.optimization_barrier(idx), xc < 0)
   else:
+    # IEEE quotient on every backend (scales.div_rn), then SR.
+    v = lax.optimization_barrier(div_rn(xc, per_element(s_block), positive_divisor=True))
     codes = round_e2m1_stochastic(v, key)
   return NVFP4Tensor(
       codes=pack_e2m1(codes),
