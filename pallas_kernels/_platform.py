@@ -47,3 +47,24 @@ def interpret_context(interpret: bool):
 def interpret_params(interpret: bool):
   """The `interpret=` argument of pl.pallas_call: GPU interpreter params, or False."""
   return plgpu.InterpretGPUParams() if interpret else False
+
+
+def k_splits(row_blocks: int, k_blocks: int, interpret: bool, requested: int | None = None) -> int:
+  """CTAs per row block along the quantized axis for the quantizer kernels.
+
+  Every 128-block is independent, so the K loop can be cut into equal parts,
+  one CTA each. With one CTA per row block, a short canonical row count
+  starves the GPU (X^T of a 16384 x 1024 activation is 16 row blocks: 16 of
+  132 SMs busy). The default is the fewest parts (a divisor of k_blocks) that
+  give every SM two CTAs; `requested` forces a count (it must divide k_blocks).
+  """
+  if requested is not None:
+    if requested <= 0 or k_blocks % requested:
+      raise ValueError(f"k_splits={requested} must be a positive divisor of the {k_blocks} blocks of 128 "
+                       "along the quantized axis.")
+    return requested
+  target = 2 * num_sms(interpret)
+  for s in range(1, k_blocks + 1):
+    if k_blocks % s == 0 and row_blocks * s >= target:
+      return s
+  return k_blocks

@@ -205,8 +205,8 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
 
 
 def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_steps: int = 2,
-                       packing: Packing | None = None, emit_operand: bool = False, interpret: bool = False,
-                       _division: Division = "exact", _math: Math = "full"):
+                       packing: Packing | None = None, emit_operand: bool = False, k_splits: int | None = None,
+                       interpret: bool = False, _division: Division = "exact", _math: Math = "full"):
   """Pallas RTN NVFP4 quantization of a 2-D array along its last axis.
 
   Args:
@@ -217,6 +217,8 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
       words and writes packed bytes) or "xla" (the kernel writes one code per
       byte, XLA packs; any dtype). Default: "pairs" for bf16, else "xla".
     emit_operand: also return the exact bf16 operand q * s_in [R, K].
+    k_splits: CTAs per row block along K (a divisor of K / 128; default: enough
+      for two CTAs per SM, `_platform.k_splits`). Results do not depend on it.
     interpret: run on the CPU in Mosaic GPU's interpreter.
     _division, _math: timing only (pallas_kernels.bench's attribution rows),
       results NOT bitwise the reference's: _division="hardware" divides each
@@ -254,15 +256,19 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
                      else jax.ShapeDtypeStruct((r, k), jnp.bfloat16))
     out_blocks.append((block_rows, cw))
   body = functools.partial(_quantize_kernel, packing=packing, division=_division, math=_math, interpret=interpret)
+  splits = _platform.k_splits(r // block_rows, kb, interpret, k_splits)
+  kb_part = kb // splits  # K blocks per CTA
 
   def kernel(x_gmem, *refs):
     n_out = len(out_blocks)
     outs_gmem, outs_smem = refs[:n_out], refs[n_out:]
     rows = pl.ds(lax.axis_index("rows") * block_rows, block_rows)
+    j0 = lax.axis_index("k") * kb_part  # this CTA's first K block
 
     def step(idx, x_smem):
-      (j,) = idx
-      slot = lax.rem(j, 2)
+      (jl,) = idx
+      slot = lax.rem(jl, 2)
+      j = j0 + jl
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       body(x_smem, *(o.at[slot] for o in outs_smem))
       plgpu.commit_smem()
@@ -274,13 +280,13 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
         plgpu.copy_smem_to_gmem(src.at[slot], dst)
 
     plgpu.emit_pipeline(
-        step, grid=(kb,), in_specs=[plgpu.BlockSpec((block_rows, cw), lambda j: (0, j))],
+        step, grid=(kb_part,), in_specs=[plgpu.BlockSpec((block_rows, cw), lambda j: (0, j))],
         max_concurrent_steps=max_concurrent_steps,
-    )(x_gmem.at[rows])
+    )(x_gmem.at[rows, pl.ds(j0 * cw, kb_part * cw)])
     plgpu.wait_smem_to_gmem(0)
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
-  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows,), grid_names=("rows",),
+  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows, splits), grid_names=("rows", "k"),
                       scratch_types=scratch)
   with _platform.interpret_context(interpret):
     outs = call(x)

@@ -33,9 +33,13 @@ element (row r, column k) of the output,
   u       = float(h >> 9) * 2^-23                                          in [0, 1)
 with fmix32 MurmurHash3's finalizer (xor-shift-multiply, a bijection of
 uint32). For a fixed row the map k -> h is a bijection, so no two elements of
-a row share bits; rows differ through row_key. The element rounds up iff
-u < p_up, p_up = (|v| - lo) / (hi - lo), so P(up) = ceil(p_up 2^23) / 2^23:
-the bias is below 2^-23 of the grid gap.
+a row share bits; rows differ through row_key. With v = y / s the element's
+scaled value and lo its lower E2M1 neighbour (that of the IEEE quotient, as
+the reference picks it), the element rounds up iff u (hi - lo) s < |y| - lo s
+(`numerics.e2m1.stochastic_index_of_quotient`: exact compares, no division;
+the per-element division was half the kernel's time, bench 65e3bfa), so
+P(up) = (|v| - lo) / (hi - lo) to within 2^-22: the bias is below 2^-22 of
+the grid gap, and a value on the grid is kept.
 
 Scale layout and NaN/Inf: as the RTN kernel (a block holding NaN/Inf gets NaN
 scales and zero codes, like the reference; note the dense 128-wide transform
@@ -59,7 +63,7 @@ from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_
                                            store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
-from tetrajet_jax.numerics.scales import div_rn
+from tetrajet_jax.numerics.e2m1 import quotient_thresholds, stochastic_index_of_quotient
 
 _GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
 _GOLDEN = 0x9E3779B9
@@ -128,11 +132,6 @@ def _sr_index(a, u):
   return jnp.minimum(lo_idx + jnp.where(u < p_up, 1, 0), 7)
 
 
-def element_quotient(x, s, division: Division):
-  """x / s per element: exact div_rn, or the hardware quotient (timing only)."""
-  return div_rn(x, s, positive_divisor=True) if division == "exact" else x / s
-
-
 def _swizzled(dtype, minor: int):
   bits = jnp.dtype(dtype).itemsize * 8
   swizzle = plgpu.find_swizzle(minor * bits)
@@ -146,7 +145,8 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
     evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
       16c + 2i and 16c + 2i + 1.
     key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
-    division: "exact" (div_rn) or "hardware" (x / s, timing only: not bitwise).
+    division: "exact" (stochastic_index_of_quotient: no division, exact
+      lower neighbour) or "hardware" (SR of the plain x / s, timing only).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
@@ -158,15 +158,20 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   i2 = lax.broadcasted_iota(jnp.int32, (bm, 8), 1) * 2
   keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
   codes, qss = [], []
+  expand = lambda v: lax.broadcast_in_dim(v, (bm, 8), [0])
   for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
-    s = lax.broadcast_in_dim(s_in * s_out, (bm, 8), [0])
-    s_in_b = lax.broadcast_in_dim(s_in, (bm, 8), [0])
+    s = s_in * s_out
+    th = quotient_thresholds(s, "grid") if division == "exact" else None  # per row, shared by both parities
+    s_in_b = expand(s_in)
     cs, qs = [], []
     for parity, x in ((0, ev), (1, od)):
-      v = element_quotient(x, s, division)
       col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
-      idx = _sr_index(jnp.abs(v), element_uniform(keys, col))
-      neg = (v < 0.0) & (idx > 0)
+      u = element_uniform(keys, col)
+      if th is not None:
+        idx = stochastic_index_of_quotient(jnp.abs(x), u, th, expand)
+      else:
+        idx = _sr_index(jnp.abs(x / expand(s)), u)
+      neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
       mag = _index_magnitude(idx) * s_in_b
       qs.append(jnp.where(neg, -mag, mag))
@@ -177,8 +182,8 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
 
 def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
                           block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
-                          emit_transformed: bool = False, interpret: bool = False, _division: Division = "exact",
-                          _math: Math = "full"):
+                          emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
+                          _division: Division = "exact", _math: Math = "full"):
   """RHT-16 + double-block scales + stochastic rounding of a 2-D array, one pass.
 
   Args:
@@ -194,6 +199,10 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     emit_operand: also return the exact bf16 operand q * s_in [rows, Kp].
     emit_transformed: also return the transformed values y (f32, canonical
       [rows, Kp]) the scales were computed from (for tests and debugging).
+    k_splits: CTAs per block of output rows along the quantized axis (a
+      divisor of Kp / 128; default: enough for two CTAs per SM,
+      `_platform.k_splits`). Results do not depend on it: the random bits
+      are a function of the canonical element position.
     interpret: run on the CPU in Mosaic GPU's interpreter.
     _division, _math: timing only (pallas_kernels.bench's attribution rows),
       results NOT the reference's: _division="hardware" divides each element
@@ -260,6 +269,8 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
   # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
   in_block = (block, OUTER) if axis == 1 else (OUTER, block)
   x_transforms = () if f32_in else _swizzled(jnp.bfloat16, in_block[1])
+  splits = _platform.k_splits(r // block, kb, interpret, k_splits)
+  kb_part = kb // splits  # 128-blocks per CTA
 
   def kernel(x_gmem, bt_gmem, keys_gmem, *refs):
     outs_gmem = refs[:n_out]
@@ -271,6 +282,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     else:
       bt_smem, keys_smem, y_smem, bar_bt, bar_keys = refs[n_out:]
     rows = pl.ds(lax.axis_index("rows") * block, block)
+    j0 = lax.axis_index("k") * kb_part  # this CTA's first 128-block
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
     plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
     plgpu.barrier_wait(bar_bt)
@@ -288,8 +300,9 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
         plgpu.copy_smem_to_gmem(src.at[slot], dst)
 
     def step(idx, x_smem):
-      (j,) = idx
-      slot = lax.rem(j, 2)
+      (jl,) = idx
+      slot = lax.rem(jl, 2)
+      j = j0 + jl
       if _math == "none":  # the input still arrives in SMEM by TMA; registers get only the row keys
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         i2 = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
@@ -335,11 +348,11 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
 
     if axis == 1:
       spec = plgpu.BlockSpec(in_block, lambda j: (0, j), transforms=x_transforms)
-      src = x_gmem.at[rows]
+      src = x_gmem.at[rows, pl.ds(j0 * OUTER, kb_part * OUTER)]
     else:
       spec = plgpu.BlockSpec(in_block, lambda j: (j, 0), transforms=x_transforms)
-      src = x_gmem.at[:, rows]
-    plgpu.emit_pipeline(step, grid=(kb,), in_specs=[spec], max_concurrent_steps=max_concurrent_steps)(src)
+      src = x_gmem.at[pl.ds(j0 * OUTER, kb_part * OUTER), rows]
+    plgpu.emit_pipeline(step, grid=(kb_part,), in_specs=[spec], max_concurrent_steps=max_concurrent_steps)(src)
     plgpu.wait_smem_to_gmem(0)
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
@@ -352,7 +365,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
   ]
   if f32_in:  # one bf16 part of the hi/mid/lo split at a time
     scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
-  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block,), grid_names=("rows",),
+  call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
                       scratch_types=scratch)
   with _platform.interpret_context(interpret):
     outs = call(x, bt, keys)

@@ -142,6 +142,45 @@ def test_nearest_index_of_quotient_is_rne_of_the_ieee_quotient(rng, mode):
   assert len(np.unique(want_idx)) == 8
 
 
+def _quotient_cases(rng, n, points):
+  """|x|, s with x / s at and a few ulps around `points` (scaled), over the normal exponent range."""
+  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-125, 120, n))).astype(np.float32)
+  s[: n // 4] = np.exp2(rng.integers(-125, 120, n // 4))  # quotients exactly on the points
+  s[n // 4: n // 2] = rng.integers(1, 8, n // 4) * np.exp2(rng.integers(-120, 110, n // 4))
+  x = (points[rng.integers(0, len(points), n)] * s.astype(np.float64)).astype(np.float32)
+  x = (x.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
+  far = rng.random(n) < 0.2
+  x[far] = (s[far] * rng.uniform(0, 9, far.sum())).astype(np.float32)
+  return x, s
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stochastic_index_of_quotient(rng, mode):
+  """Division-free SR: the lower neighbour is that of numpy's IEEE float32
+  quotient; the step up happens iff u < p = (y - lo) / gap of the float64
+  quotient y, wherever u is not within 2^-21 of p; a quotient exactly on the
+  grid stays; results are always lo or the next grid value, saturating at 6."""
+  n = 200000
+  x, s = _quotient_cases(rng, n, ref.E2M1_VALUES[1:])
+  u = (rng.integers(0, 2**23, n) * 2.0**-23).astype(np.float32)
+  u[:1000] = 0.0
+  xf = np.where(x < np.finfo(np.float32).tiny, np.float32(0), x)  # subnormal operands flush, as div_rn
+  y = xf.astype(np.float64) / s
+  lo_i = np.searchsorted(ref.E2M1_VALUES, np.minimum(xf / s, 6.0), side="right") - 1  # numpy f32 quotient
+  gap = np.diff(ref.E2M1_VALUES, append=np.inf)[lo_i]
+  p = (y - ref.E2M1_VALUES[lo_i]) / gap
+  fn = lambda x, s, u: nm.e2m1.stochastic_index_of_quotient(x, u, nm.e2m1.quotient_thresholds(s, "grid"))
+  got = np.asarray(run(fn, mode, jnp.asarray(x), jnp.asarray(s), jnp.asarray(u)))
+  want = np.minimum(lo_i + (u < p), 7)
+  clear = np.abs(u - p) > 2.0**-21
+  assert clear.mean() > 0.99
+  np.testing.assert_array_equal(got[clear], want[clear])
+  assert np.all((got == lo_i) | (got == np.minimum(lo_i + 1, 7)))
+  on_grid = y == ref.E2M1_VALUES[lo_i]
+  assert on_grid.sum() > 1000 and np.all(got[on_grid] == lo_i[on_grid])
+  assert len(np.unique(got)) == 8
+
+
 def test_pack_unpack_roundtrip(rng):
   codes = rng.integers(0, 16, (3, 64)).astype(np.uint8)
   packed = nm.pack_e2m1(jnp.asarray(codes))

@@ -119,6 +119,10 @@ def test_backward_quantizer_interpret(rng, key, dtype):
   np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
   np.testing.assert_array_equal(np.asarray(t0.scale_inner, np.float32), np.asarray(t.scale_inner, np.float32))
   np.testing.assert_array_equal(np.asarray(t0.scale_outer), np.asarray(t.scale_outer))
+  # One CTA per row block (the default cut the K loop in two here): the same bits.
+  t1 = quantize_nvfp4_rht_sr(xl, signs, seed, axis=-1, k_splits=1, interpret=True)
+  np.testing.assert_array_equal(np.asarray(t1.codes), np.asarray(t.codes))
+  np.testing.assert_array_equal(np.asarray(t1.scale_outer), np.asarray(t.scale_outer))
 
 
 def test_axis0_pads_tokens_interpret(rng, key):
@@ -187,8 +191,10 @@ def test_transform_matrix_is_the_rht(key):
 def test_lowers_for_hopper(dtype, axis):
   """Mosaic GPU lowering for CUDA (layout inference, SMEM budget) succeeds on the CPU."""
   shape = (256, 512) if axis == -1 else (512, 128)
-  f = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True))
-  f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
+  for k_splits in (None, 2):
+    f = jax.jit(lambda v, k_splits=k_splits: quantize_nvfp4_rht_sr(
+        v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True, k_splits=k_splits))
+    f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
 
 
 def test_rejects_bad_arguments():
@@ -209,6 +215,8 @@ def test_rejects_bad_arguments():
     quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, axis=2)
   with pytest.raises(ValueError, match="block"):
     quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, block=32)
+  with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 512)), s, z, k_splits=3)
 
 
 def test_can_use_backward_quantizer():

@@ -37,10 +37,11 @@ def hard_input(rng, shape, dtype):
   return jnp.asarray(x.astype(np.float32)).astype(dtype)
 
 
+@pytest.mark.parametrize("k_splits", [1, 2])  # one CTA per row block, or the K loop cut in two
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_rtn_bitwise_interpret(rng, dtype):
+def test_rtn_bitwise_interpret(rng, dtype, k_splits):
   x = hard_input(rng, (64, 256), dtype)
-  t, qs = quantize_nvfp4_rtn(x, emit_operand=True, interpret=True)
+  t, qs = quantize_nvfp4_rtn(x, emit_operand=True, k_splits=k_splits, interpret=True)
   ref = quantize_nvfp4_rtn_reference(x)
   assert_same_tensor(t, ref)
   np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
@@ -64,6 +65,8 @@ def test_rtn_rejects_bad_shapes():
     quantize_nvfp4_rtn(jnp.zeros((2, 64, 128), jnp.float32), interpret=True)
   with pytest.raises(ValueError, match="pairs"):
     quantize_nvfp4_rtn(jnp.zeros((64, 128), jnp.float32), packing="pairs", interpret=True)
+  with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
+    quantize_nvfp4_rtn(jnp.zeros((64, 512), jnp.float32), k_splits=3, interpret=True)
 
 
 def test_can_use_is_false_off_hopper():
@@ -88,5 +91,6 @@ def test_rtn_bitwise_gpu(rng, dtype, shape):
 def test_rtn_lowers_for_hopper(dtype):
   """Mosaic GPU lowering for CUDA (layouts, supported ops: e.g. no boolean
   vector arithmetic in the exact division) succeeds on the CPU."""
-  f = jax.jit(lambda v: quantize_nvfp4_rtn(v, emit_operand=True))
-  f.trace(jax.ShapeDtypeStruct((256, 512), dtype)).lower(lowering_platforms=("cuda",))
+  for k_splits in (None, 4):
+    f = jax.jit(lambda v, k_splits=k_splits: quantize_nvfp4_rtn(v, emit_operand=True, k_splits=k_splits))
+    f.trace(jax.ShapeDtypeStruct((256, 512), dtype)).lower(lowering_platforms=("cuda",))

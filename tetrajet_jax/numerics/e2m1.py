@@ -12,7 +12,7 @@ with a float4 cast: comparisons cannot be elided by XLA under jit.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,31 +52,38 @@ def round_e2m1_nearest(v: jax.Array) -> jax.Array:
 
 
 class QuotientThresholds(NamedTuple):
-  """Per-scale constants that decide round_e2m1_nearest(fl(|x| / s)) by exact
-  comparisons (see nearest_index_of_quotient); every field has s's shape."""
+  """Per-scale constants that test the float32 quotient fl(|x| / s) against
+  fixed points without dividing (see quotient_thresholds); every array field
+  has s's shape."""
   p: jax.Array  # 2^k with s' = s 2^k in [1, 2)
-  hi: tuple  # per midpoint t: t s'_hi (exact: 3 x 21 significant bits)
-  lo: tuple  # per midpoint t: t s'_lo (exact: 3 x 3 bits)
-  bound: tuple  # per midpoint t: -2^(e_t - 24) s' (tie rounds up) or +2^(e_t - 24) s'
+  s1: jax.Array  # s'
+  hi: tuple  # per point t: t s'_hi (exact: 3 x 21 significant bits)
+  lo: tuple  # per point t: t s'_lo (exact: 3 x 3 bits)
+  bound: tuple  # per point t: the test's bound on D = |x| 2^k - t s' (exact)
+  inclusive: tuple  # per point t: the test is D >= bound (else D > bound)
 
 
 _F32_MIN_NORMAL = 2.0**-126
 
 
-def quotient_thresholds(s: jax.Array) -> QuotientThresholds:
-  """The constants of nearest_index_of_quotient for positive normal scales s (NaN s: index 0).
+def quotient_thresholds(s: jax.Array, points: Literal["midpoints", "grid"] = "midpoints") -> QuotientThresholds:
+  """The constants of the division-free tests on y = |x| / s, s positive normal (NaN s: every test fails).
 
-  The threshold test "fl(y) >= t" (tie up) or "fl(y) > t" (tie down) of RNE
-  on the float32 quotient y = |x| / s is, with float32 rounding fl made
-  explicit, "y >= t - 2^(e_t - 24)" or "y > t + 2^(e_t - 24)" on the real
-  quotient (e_t = floor(log2 t); a midpoint t has a short significand, so
-  its float32 neighbours are t -+ 2^(e_t - 23), and a real y halfway between
-  rounds to t, the even one). Multiplied out: D = |x| - t s against
-  -+2^(e_t - 24) s. With s' = s 2^k in [1, 2) split by bit mask into s'_hi
-  (21 significant bits) + s'_lo (3), both products with t are exact, and
-  D = (|x| 2^k - t s'_hi) - t s'_lo is exact wherever it is near the bound
-  (Sterbenz, then a short difference); far from it both roundings keep its
-  sign. So no division and no rounding decides anything.
+  points="midpoints": the seven RNE tests of round_e2m1_nearest on fl(y),
+  "fl(y) >= t" where a tie rounds up, else "fl(y) > t". points="grid": the
+  tests "fl(y) >= g" for the grid values g = 0.5 .. 6 (stochastic rounding's
+  lower neighbour).
+
+  Why exact: a point t has a short significand (<= 3 bits), so its float32
+  neighbours are t - 2^(e_t - 23) (or 2^(e_t - 24) below a power of two) and
+  t + 2^(e_t - 23), e_t = floor(log2 t), and a real y exactly halfway rounds
+  to t (the even one). So "fl(y) >= t" is "y >= t - half gap below" and
+  "fl(y) > t" is "y > t + 2^(e_t - 24)", on the real quotient. Multiplied
+  out: D = |x| - t s against -+(half gap) s. With s' = s 2^k in [1, 2) split
+  by bit mask into s'_hi (21 significant bits) + s'_lo (3), both products
+  with t are exact, and D = (|x| 2^k - t s'_hi) - t s'_lo is exact wherever
+  it is near its bound (Sterbenz, then a short difference); far from it both
+  roundings keep its side. So no division and no rounding decides a test.
   """
   s = jnp.asarray(s, jnp.float32)
   bits = lax.bitcast_convert_type(s, jnp.uint32)
@@ -85,13 +92,31 @@ def quotient_thresholds(s: jax.Array) -> QuotientThresholds:
   s1 = s * p  # in [1, 2), exact (NaN stays NaN)
   s_hi = lax.bitcast_convert_type(lax.bitcast_convert_type(s1, jnp.uint32) & jnp.uint32(0xFFFFFFF8), jnp.float32)
   s_lo = s1 - s_hi  # exact: the low 3 significand bits
-  hi, lo, bound = [], [], []
-  for t, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP):
-    half_gap = 2.0**(math.floor(math.log2(t)) - 24)
+  if points == "midpoints":
+    tests = [(t, -1 if up else 1, up) for t, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP)]
+  elif points == "grid":
+    tests = [(float(g), -1, True) for g in E2M1_GRID[1:]]
+  else:
+    raise ValueError(f"quotient_thresholds: unknown points {points!r}; use 'midpoints' or 'grid'.")
+  hi, lo, bound, inclusive = [], [], [], []
+  for t, side, incl in tests:
+    e_t = math.floor(math.log2(t))
+    below_pow2 = side < 0 and t == 2.0**e_t  # the gap below a power of two is half the gap above
+    half_gap = 2.0**(e_t - (25 if below_pow2 else 24))
     hi.append(t * s_hi)
     lo.append(t * s_lo)
-    bound.append(s1 * (-half_gap if up else half_gap))  # exact: times a power of two
-  return QuotientThresholds(p, tuple(hi), tuple(lo), tuple(bound))
+    bound.append(s1 * (side * half_gap))  # exact: times a power of two
+    inclusive.append(incl)
+  return QuotientThresholds(p, s1, tuple(hi), tuple(lo), tuple(bound), tuple(inclusive))
+
+
+def _tests_of_quotient(ax, th: QuotientThresholds, expand):
+  """Yields (i, D_i, passed_i) for the thresholds' points in increasing order."""
+  x1 = jnp.where(ax >= _F32_MIN_NORMAL, ax * expand(th.p), 0.0)  # |x| 2^k: exact (overflow -> inf -> passes all)
+  yield -1, x1, None
+  for i, (hi, lo, bound, incl) in enumerate(zip(th.hi, th.lo, th.bound, th.inclusive)):
+    d = (x1 - expand(hi)) - expand(lo)
+    yield i, d, (d >= expand(bound)) if incl else (d > expand(bound))
 
 
 def nearest_index_of_quotient(ax: jax.Array, th: QuotientThresholds,
@@ -100,19 +125,40 @@ def nearest_index_of_quotient(ax: jax.Array, th: QuotientThresholds,
   the index of the correctly rounded float32 quotient (subnormal ax and
   subnormal quotients flushed to 0, as scales.div_rn), without dividing.
 
-  ax = |x| (float32, >= 0 or NaN -> 0); th = quotient_thresholds(s); expand
+  ax = |x| (float32, >= 0; NaN -> 0); th = quotient_thresholds(s); expand
   broadcasts a per-scale field to ax's shape (e.g. a row vector inside a
   kernel). About 30 operations per element, against ~60 for div_rn and the
   threshold compares; on XLA nothing here can be simplified away (compares
   and selects of exact values).
   """
-  x1 = jnp.where(ax >= _F32_MIN_NORMAL, ax * expand(th.p), 0.0)  # |x| 2^k: exact (overflow -> inf -> 7)
   idx = jnp.zeros(ax.shape, jnp.int32)
-  for i, (hi, lo, bound, up) in enumerate(zip(th.hi, th.lo, th.bound, _TIE_ROUNDS_UP)):
-    d = (x1 - expand(hi)) - expand(lo)
-    # The tests are monotone in i (each midpoint above the last), so later selects override.
-    idx = jnp.where(d >= expand(bound) if up else d > expand(bound), i + 1, idx)
+  for i, _, passed in _tests_of_quotient(ax, th, expand):
+    if passed is not None:  # monotone in i (increasing points): later selects override
+      idx = jnp.where(passed, i + 1, idx)
   return idx
+
+
+def stochastic_index_of_quotient(ax: jax.Array, u: jax.Array, th: QuotientThresholds,
+                                 expand: Callable[[jax.Array], jax.Array] = lambda v: v) -> jax.Array:
+  """Magnitude index (int32, 0..7) of y = ax / s rounded stochastically with uniform u in [0, 1), no division.
+
+  th = quotient_thresholds(s, "grid"). The lower neighbour lo is the grid
+  value at or below fl(y), exactly as round_e2m1_stochastic picks it; the
+  index rounds up iff u (gap s) < ax - lo s, the real distance, computed
+  exactly near 0 (so a quotient on the grid stays put) and to 2^-24 relative
+  elsewhere: P(up) = (y - lo) / gap to within 2^-22. Saturates at 6.
+  """
+  idx = jnp.zeros(ax.shape, jnp.int32)
+  dist = None
+  for i, d, passed in _tests_of_quotient(ax, th, expand):
+    if passed is None:
+      dist = d  # lo = 0: the distance is |x| 2^k itself
+    else:
+      idx = jnp.where(passed, i + 1, idx)
+      dist = jnp.where(passed, d, dist)
+  s1 = expand(th.s1)
+  gap_s = jnp.where(idx >= 6, 2.0 * s1, jnp.where(idx >= 4, s1, 0.5 * s1))  # exact
+  return jnp.minimum(idx + jnp.where(u * gap_s < dist, 1, 0), 7)
 
 
 def round_e2m1_stochastic(v: jax.Array, key: jax.Array) -> jax.Array:
