@@ -15,8 +15,8 @@ exact integer arithmetic decides the scales, and the elements are rounded by
 exact compares against the scaled midpoints with no division at all (the
 per-element div_rn was half the kernel's time, bench 30d8e1c).
 
-Kernel: grid (row blocks, K blocks of 128), K sequential so TMA pipelines the
-loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
+Kernel: grid (row blocks, parts of K), each CTA walking its part of K in
+blocks of 128 sequentially so TMA pipelines the loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
 are loaded from SMEM in the wgmma register layout, where a row reduction is a
 4-lane shuffle. Optional second output: the exact bf16 operand q * s_in that
 the block-scaled GEMM consumes (the "operand" design), so the GEMM needs no

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import chex
 import jax
@@ -439,16 +440,10 @@ def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
     assert rel_err(a, b) < 0.5
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
-def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
-  """gemm='pallas' runs Q3..Q6 (RHT + SR) in the fused Pallas kernel, with its
-  own generator: over many keys its gradients have the same mean (two-sample
-  z-test against the XLA path) and the same spread as the XLA path's."""
-  import pallas_kernels  # noqa: PLC0415
-
-  m, k, n = 256, 256, 256
-  assert pallas_kernels.can_use_pallas_backward_quantizer((m, n), jnp.bfloat16, axis=-1)
+def _assert_same_estimator(recipe, m, k, n, rng, key):
+  """Over 128 keys, gemm='pallas' gradients (Q3..Q6 in the fused RHT + SR
+  kernel, its own generator) have the same mean (two-sample z-test against
+  the XLA path) and the same spread as the XLA path's."""
   x = jnp.asarray(rng.standard_t(3.0, (m, k)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((k, n)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
@@ -463,7 +458,39 @@ def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
   for name, a, b in zip(("dx", "dw"), fused, xla):
     se = np.sqrt(a.var(0, ddof=1) / a.shape[0] + b.var(0, ddof=1) / b.shape[0])
     z = np.abs(a.mean(0) - b.mean(0)) / np.maximum(se, 1e-12)
-    # 65536 elements, Student-t tails of 127 d.o.f.: P(|z| > 6.5) ~ 1e-9 each.
+    # Up to 65536 elements, Student-t tails of 127 d.o.f.: P(|z| > 6.5) ~ 1e-9 each.
     assert z.max() < 6.5, f"{recipe} {name}: means differ (max |z| {z.max():.2f})"
     spread = a.var(0).mean() / b.var(0).mean()
     assert 0.8 < spread < 1.25, f"{recipe} {name}: SR variance ratio fused/XLA {spread:.3f}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
+def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
+  """The fused backward quantizer in the layer at 256^3 on the H200."""
+  import pallas_kernels  # noqa: PLC0415
+
+  assert pallas_kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
+  _assert_same_estimator(recipe, 256, 256, 256, rng, key)
+
+
+def test_pallas_backward_is_the_same_estimator_interpret(rng, key, monkeypatch):
+  """The same check on the CPU: the layer's gemm='pallas' backward with the
+  fused RHT + SR kernel in Mosaic GPU's interpreter (the RTN quantizers and
+  GEMMs stay on XLA), at 128^3; the kernel must have been called."""
+  import pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax.linear import gemm as gemm_module  # noqa: PLC0415
+
+  calls = []
+
+  def kernel(*args, **kwargs):
+    calls.append(kwargs.get("axis"))
+    return pallas_kernels.quantize_nvfp4_rht_sr(*args, **kwargs, interpret=True)
+
+  interpreted = types.SimpleNamespace(
+      can_use_pallas_quantizer=lambda *a, **kw: False, can_use_nvfp4_gemm=lambda *a, **kw: False,
+      can_use_pallas_backward_quantizer=lambda *a, **kw: True, quantize_nvfp4_rht_sr=kernel)
+  monkeypatch.setattr(gemm_module, "_pallas_kernels", lambda: interpreted)
+  _assert_same_estimator("tetrajet_v2", 128, 128, 128, rng, key)
+  # Q3..Q6: two calls per axis each time the backward is traced.
+  assert calls and calls.count(-1) == calls.count(0) == len(calls) // 2 and len(calls) % 4 == 0, calls
