@@ -44,16 +44,19 @@ def _block_scales(x: np.ndarray) -> np.ndarray:
   return np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
 
 
-def sr_codes(v: np.ndarray, u: np.ndarray) -> np.ndarray:
-  """Stochastic E2M1 rounding of v with uniforms u: up with prob (|v|-lo)/gap."""
-  a = np.minimum(np.abs(v.astype(np.float64)), 6.0)
+def sr_codes(x: np.ndarray, s: np.ndarray, u: np.ndarray) -> np.ndarray:
+  """Stochastic E2M1 rounding of x / s with uniforms u: lo is the grid value at
+  or below the IEEE float32 quotient, and the step up happens iff u < (|x / s|
+  - lo) / gap on the exact (float64) quotient."""
+  v32 = (x / s).astype(F32)  # numpy's IEEE float32 division
+  y = np.abs(x.astype(np.float64) / s)
   grid = ref.E2M1_VALUES
-  i = np.searchsorted(grid, a, side="right") - 1
+  i = np.searchsorted(grid, np.minimum(np.abs(v32), 6.0), side="right") - 1
   j = np.minimum(i + 1, 7)
-  gap = np.where(grid[j] > grid[i], grid[j] - grid[i], 1.0)
-  up = u < ((a - grid[i]) / gap).astype(F32)
+  gap = np.where(grid[j] > grid[i], grid[j] - grid[i], np.inf)
+  up = u < (y - grid[i]) / gap
   mag = grid[np.where(up, j, i)]
-  return np.where(v < 0, -mag, mag)
+  return np.where(v32 < 0, -mag, mag)
 
 
 def fake_quant_block(x: np.ndarray, *, key=None) -> np.ndarray:
@@ -65,7 +68,7 @@ def fake_quant_block(x: np.ndarray, *, key=None) -> np.ndarray:
     q = ref.decode_codes(codes)
   else:
     u = _on_cpu(jax.random.uniform, key, x.shape, np.float32)
-    q = sr_codes(x / s, u)
+    q = sr_codes(x, s, u)
   return q * s.astype(np.float64)
 
 

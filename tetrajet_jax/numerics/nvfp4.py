@@ -21,7 +21,7 @@ from jax import lax
 
 from tetrajet_jax.numerics import checks
 from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, nearest_index_of_quotient, pack_e2m1,
-                                        quotient_thresholds, round_e2m1_stochastic, unpack_e2m1, with_sign)
+                                        quotient_thresholds, stochastic_index_of_quotient, unpack_e2m1, with_sign)
 from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL, div_by_constant, div_rn, round_to_e4m3
 
 INNER_BLOCK = 16
@@ -218,15 +218,15 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
     per_element = lambda v: jnp.repeat(v, 16, axis=-1)  # [..., K/16] -> [..., K]
 
   s_block = s_in * s_out_in  # the element scale of each inner block
-  # The barriers keep XLA's CPU compile time bounded (see div_rn).
-  if rounding == "nearest":
-    # RNE of the IEEE quotient x / s, decided by exact compares (no division).
+  # The element rounding needs no quotient: exact compares of |x| against the
+  # scaled decision points (e2m1.quotient_thresholds). The barrier keeps XLA's
+  # CPU compile time bounded (see div_rn).
+  if rounding == "nearest":  # RNE of the IEEE quotient x / s, bitwise
     idx = nearest_index_of_quotient(ax, quotient_thresholds(s_block), per_element)
-    codes = with_sign(lax.optimization_barrier(idx), xc < 0)
-  else:
-    # IEEE quotient on every backend (scales.div_rn), then SR.
-    v = lax.optimization_barrier(div_rn(xc, per_element(s_block), positive_divisor=True))
-    codes = round_e2m1_stochastic(v, key)
+  else:  # SR from the IEEE quotient's lower neighbour, P(up) within 2^-22
+    u = jax.random.uniform(key, xc.shape, jnp.float32)
+    idx = stochastic_index_of_quotient(ax, u, quotient_thresholds(s_block, "grid"), per_element)
+  codes = with_sign(lax.optimization_barrier(idx), xc < 0)
   return NVFP4Tensor(
       codes=pack_e2m1(codes),
       scale_inner=s_in.astype(jnp.float8_e4m3fn),
