@@ -63,9 +63,8 @@ from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_
                                            store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
-from tetrajet_jax.numerics.e2m1 import quotient_thresholds, stochastic_index_of_quotient
+from tetrajet_jax.numerics.e2m1 import E2M1_GRID, quotient_thresholds, stochastic_index_of_quotient
 
-_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # E2M1 magnitudes above 0
 _GOLDEN = 0x9E3779B9
 
 
@@ -124,7 +123,7 @@ def _sr_index(a, u):
   """E2M1 magnitude index of a = |v| by stochastic rounding with uniform u (NaN -> 0)."""
   a = jnp.minimum(a, 6.0)
   lo_idx = jnp.zeros(a.shape, jnp.int32)
-  for g in _GRID:
+  for g in map(float, E2M1_GRID[1:]):  # the magnitudes above 0
     lo_idx = lo_idx + jnp.where(a >= g, 1, 0)
   lo = _index_magnitude(lo_idx)
   inv_gap = jnp.where(lo_idx >= 6, 0.5, jnp.where(lo_idx >= 4, 1.0, 2.0))  # 1 / (hi - lo), exact

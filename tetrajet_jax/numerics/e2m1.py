@@ -38,17 +38,24 @@ def with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
   return jnp.where(negative & (idx > 0), idx | 0x8, idx).astype(jnp.uint8)
 
 
+def nearest_index(a: jax.Array) -> jax.Array:
+  """Magnitude index (int32, 0..7) of a = |v| under E2M1 RNE, saturating (NaN -> 0).
+
+  Compares and selects only (no boolean arithmetic), so Mosaic GPU kernels
+  call it too."""
+  idx = jnp.zeros(a.shape, jnp.int32)
+  for i, (mid, up) in enumerate(zip(_MIDPOINTS, _TIE_ROUNDS_UP)):
+    idx = jnp.where(a >= mid if up else a > mid, i + 1, idx)  # monotone in i: later selects override
+  return idx
+
+
 def round_e2m1_nearest(v: jax.Array) -> jax.Array:
   """E2M1 codes (uint8, 0..15) of v, round to nearest, ties to even, saturating at +-6.
 
   NaN maps to code 0 (callers mark a block holding NaN via its scale).
   """
   v = jnp.asarray(v, jnp.float32)
-  a = jnp.abs(v)
-  idx = jnp.zeros(v.shape, jnp.int32)
-  for mid, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP):
-    idx += (a >= mid) if up else (a > mid)
-  return with_sign(idx, v < 0)
+  return with_sign(nearest_index(jnp.abs(v)), v < 0)
 
 
 class QuotientThresholds(NamedTuple):
@@ -110,13 +117,16 @@ def quotient_thresholds(s: jax.Array, points: Literal["midpoints", "grid"] = "mi
   return QuotientThresholds(p, s1, tuple(hi), tuple(lo), tuple(bound), tuple(inclusive))
 
 
-def _tests_of_quotient(ax, th: QuotientThresholds, expand):
-  """Yields (i, D_i, passed_i) for the thresholds' points in increasing order."""
-  x1 = jnp.where(ax >= _F32_MIN_NORMAL, ax * expand(th.p), 0.0)  # |x| 2^k: exact (overflow -> inf -> passes all)
-  yield -1, x1, None
-  for i, (hi, lo, bound, incl) in enumerate(zip(th.hi, th.lo, th.bound, th.inclusive)):
+def _scaled_magnitude(ax, th: QuotientThresholds, expand):
+  """|x| 2^k (exact; subnormal |x| flushed to 0; overflow -> inf, which passes every test)."""
+  return jnp.where(ax >= _F32_MIN_NORMAL, ax * expand(th.p), 0.0)
+
+
+def _tests_of_quotient(x1, th: QuotientThresholds, expand):
+  """Yields (D_i, passed_i) for the thresholds' points in increasing order, x1 = _scaled_magnitude."""
+  for hi, lo, bound, incl in zip(th.hi, th.lo, th.bound, th.inclusive):
     d = (x1 - expand(hi)) - expand(lo)
-    yield i, d, (d >= expand(bound)) if incl else (d > expand(bound))
+    yield d, (d >= expand(bound)) if incl else (d > expand(bound))
 
 
 def nearest_index_of_quotient(ax: jax.Array, th: QuotientThresholds,
@@ -132,9 +142,8 @@ def nearest_index_of_quotient(ax: jax.Array, th: QuotientThresholds,
   and selects of exact values).
   """
   idx = jnp.zeros(ax.shape, jnp.int32)
-  for i, _, passed in _tests_of_quotient(ax, th, expand):
-    if passed is not None:  # monotone in i (increasing points): later selects override
-      idx = jnp.where(passed, i + 1, idx)
+  for i, (_, passed) in enumerate(_tests_of_quotient(_scaled_magnitude(ax, th, expand), th, expand)):
+    idx = jnp.where(passed, i + 1, idx)  # monotone in i (increasing points): later selects override
   return idx
 
 
@@ -148,14 +157,12 @@ def stochastic_index_of_quotient(ax: jax.Array, u: jax.Array, th: QuotientThresh
   exactly near 0 (so a quotient on the grid stays put) and to 2^-24 relative
   elsewhere: P(up) = (y - lo) / gap to within 2^-22. Saturates at 6.
   """
+  x1 = _scaled_magnitude(ax, th, expand)
   idx = jnp.zeros(ax.shape, jnp.int32)
-  dist = None
-  for i, d, passed in _tests_of_quotient(ax, th, expand):
-    if passed is None:
-      dist = d  # lo = 0: the distance is |x| 2^k itself
-    else:
-      idx = jnp.where(passed, i + 1, idx)
-      dist = jnp.where(passed, d, dist)
+  dist = x1  # lo = 0: the distance is |x| 2^k itself
+  for i, (d, passed) in enumerate(_tests_of_quotient(x1, th, expand)):
+    idx = jnp.where(passed, i + 1, idx)
+    dist = jnp.where(passed, d, dist)
   s1 = expand(th.s1)
   gap_s = jnp.where(idx >= 6, 2.0 * s1, jnp.where(idx >= 4, s1, 0.5 * s1))  # exact
   return jnp.minimum(idx + jnp.where(u * gap_s < dist, 1, 0), 7)
