@@ -58,11 +58,13 @@ if enabled scan_probe; then
 fi
 
 # TEST_MARK=gpu runs only the GPU-marked tests (the kernels and the layer at
-# real shapes), when the rest already passed on this code.
+# real shapes), when the rest already passed on this code; TEST_K selects by
+# name (pytest -k). test_linear.py goes first: its Mosaic layer compiles are
+# the slowest tests (~130 s), so they must not start last.
 stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE --tb=short --durations=20 -W ignore \
-  ${TEST_MARK:+-m "$TEST_MARK"} \
-  tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py tests/test_pallas_quantize.py \
-  tests/test_pallas_backward_quantize.py tests/test_linear.py
+  ${TEST_MARK:+-m "$TEST_MARK"} ${TEST_K:+-k "$TEST_K"} \
+  tests/test_linear.py tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py \
+  tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
   --out "$OUT/bench_linear.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
