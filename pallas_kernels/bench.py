@@ -460,7 +460,8 @@ def linear_parts(recipe: str, gemm: str):
   return quantize, gemms
 
 
-def linear_jobs(shapes: list, parts_shapes: list = ()) -> list[Job]:
+def linear_jobs(shapes: list, parts_shapes: list = (), gemms: tuple = ("fast", "pallas"),
+                layers: bool = True) -> list[Job]:
   """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear, and where its time goes.
 
   Per shape: fwd+bwd of bf16 (the baseline), of tetrajet_v2 with gemm="fast"
@@ -469,6 +470,9 @@ def linear_jobs(shapes: list, parts_shapes: list = ()) -> list[Job]:
   quantizers alone and the three GEMMs alone on their pre-quantized operands
   (`linear_parts`), each vs the same bf16 fwd+bwd. Waves: per shape the XLA
   rows, then the pallas layer alone; then per shape and gemm the attribution.
+  gemms picks the modes of the tetrajet_v2 rows; layers=False keeps only the
+  bf16 baseline of the whole layer (an attribution-only run: a pallas layer
+  wave costs ~130 s of Mosaic compiles on the device host).
   """
   from tetrajet_jax.linear import linear  # noqa: PLC0415 - the layer imports the kernels
 
@@ -496,20 +500,21 @@ def linear_jobs(shapes: list, parts_shapes: list = ()) -> list[Job]:
   data = {tuple(shape): inputs(shape) for shape in shapes}
   jobs = []
   for shape in data:
-    for recipe, gemm in (("bf16", "fast"), ("tetrajet_v2", "fast"), ("tetrajet_v2", "pallas")):
+    arms = [("bf16", "fast")] + [("tetrajet_v2", g) for g in gemms if layers]
+    for recipe, gemm in arms:
       jobs.append(job(f"linear fwd+bwd {recipe} gemm={gemm}", shape,
                       lambda x, w, dy, key, recipe=recipe, gemm=gemm: step(x, w, dy, key, recipe, gemm),
                       data[shape], f"linear {'pallas' if gemm == 'pallas' else 'xla'}"))
   for shape in map(tuple, parts_shapes):
     x, w, dy, key = data[shape]
-    for gemm in ("fast", "pallas"):
-      quant, gemms = linear_parts("tetrajet_v2", gemm)
+    for gemm in gemms:
+      quant, gemm_fn = linear_parts("tetrajet_v2", gemm)
       qname, wave = f"tetrajet_v2 quantizers only (6) gemm={gemm}", f"linear parts {gemm}"
       jobs += [job(f"tetrajet_v2 forward only gemm={gemm}", shape,
                    lambda x, w, key, gemm=gemm: linear(x, w, recipe="tetrajet_v2", key=key, gemm=gemm),
                    (x, w, key), wave),
                job(qname, shape, quant, (x, w, dy, key), wave),
-               job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", shape, gemms,
+               job(f"tetrajet_v2 GEMMs only (3, pre-quantized) gemm={gemm}", shape, gemm_fn,
                    jax.eval_shape(quant, x, w, dy, key), wave, args_from=(qname, shape))]
   return jobs
 
@@ -597,6 +602,9 @@ def main(argv=None):
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
                  help="shapes of the linear's attribution rows (default: --linear-shapes), a subset of them")
+  p.add_argument("--linear-gemms", default="fast,pallas", help="gemm modes of the tetrajet_v2 linear rows")
+  p.add_argument("--linear-parts-only", action="store_true",
+                 help="skip the tetrajet_v2 whole-layer rows (the bf16 baseline stays): attribution only")
   sections = ("quant", "bwdquant", "gemm", "linear")
   p.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(sections)}")
   p.add_argument("--table", nargs="+", metavar="JSON", default=None,
@@ -622,6 +630,9 @@ def main(argv=None):
   linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if not set(linear_parts_shapes) <= set(linear_shapes):
     p.error("--linear-parts-shapes: every shape must also be in --linear-shapes (the ratios need its bf16 row)")
+  linear_gemms = tuple(args.linear_gemms.split(","))
+  if not linear_gemms or not set(linear_gemms) <= {"fast", "pallas"}:
+    p.error(f"--linear-gemms: expected a comma-separated subset of fast,pallas, got {args.linear_gemms!r}")
   if args.quick:
     quant_shapes = quant_shapes[:1]
   if only is not None and not only <= set(sections):
@@ -635,7 +646,8 @@ def main(argv=None):
     for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
                         ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
-                        ("linear", lambda: run_jobs(rows, log, linear_jobs(linear_shapes, linear_parts_shapes)))):
+                        ("linear", lambda: run_jobs(rows, log, linear_jobs(
+                            linear_shapes, linear_parts_shapes, linear_gemms, not args.linear_parts_only)))):
       if only is None or section in only:
         print(f"--- {section}", flush=True)
         fn()

@@ -277,6 +277,20 @@ def test_linear_jobs_on_cpu():
     bench.linear_jobs(shapes[:1], shapes[1:])
 
 
+def test_linear_jobs_attribution_only():
+  """--linear-parts-only --linear-gemms pallas: the bf16 baseline, then the
+  pallas attribution rows, and no whole-layer tetrajet_v2 row."""
+  from pallas_kernels import bench
+
+  shape = (128, 256, 128)
+  jobs = bench.linear_jobs([shape], [shape], ("pallas",), layers=False)
+  assert [j.key[0] for j in jobs] == ["linear fwd+bwd bf16 gemm=fast", "tetrajet_v2 forward only gemm=pallas",
+                                      "tetrajet_v2 quantizers only (6) gemm=pallas",
+                                      "tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas"]
+  with pytest.raises(SystemExit):
+    bench.main(["--only", "linear", "--linear-gemms", "fast,bogus"])
+
+
 def test_run_jobs_compiles_wave_by_wave(monkeypatch):
   """Each wave's loops compile together and its rows land before the next
   wave compiles (a call cut off mid-section keeps the earlier waves' rows)."""
