@@ -86,9 +86,20 @@ def _tensors_equal(t, r) -> bool:
           and _same_bits(t.scale_outer, r.scale_outer))
 
 
-def _test_input(key, shape, dtype):
+QUANT_INPUTS = ("lognormal", "normal")
+
+
+def _test_input(key, shape, dtype, kind: str = "lognormal"):
+  """Quantizer input: "lognormal" (normal times exp(2 N(0,1)): magnitudes over
+  ~e^+-6, many values far below their block's max) or "normal" (like a
+  layer's activations and dY), both with a zero block, a tiny block and one
+  huge value in the first rows (edge cases the checks see)."""
+  if kind not in QUANT_INPUTS:
+    raise ValueError(f"unknown input kind {kind!r}; use one of {QUANT_INPUTS}")
   k1, k2 = jax.random.split(key)
-  x = jax.random.normal(k1, shape, jnp.float32) * jnp.exp(2.0 * jax.random.normal(k2, shape, jnp.float32))
+  x = jax.random.normal(k1, shape, jnp.float32)
+  if kind == "lognormal":
+    x = x * jnp.exp(2.0 * jax.random.normal(k2, shape, jnp.float32))
   x = x.at[0, :128].set(0.0).at[1, :16].set(1e-30).at[2, 7].set(3e5)
   return x.astype(dtype)
 
@@ -209,49 +220,54 @@ def _inexact_check(ref_key):
   return check
 
 
-def quantizer_jobs(shapes: list) -> list[Job]:
+def _input_name(dtype, kind: str) -> str:
+  """Row-name part for the dtype, plus the input kind unless it is the default."""
+  return jnp.dtype(dtype).name + ("" if kind == QUANT_INPUTS[0] else f" {kind}-input")
+
+
+def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
   """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
-  Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution."""
+  Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution,
+  per input kind (`_test_input`)."""
   jobs = []
-  for shape in shapes:
-    for dtype in (jnp.bfloat16, jnp.float32):
-      start = len(jobs)
-      x = _test_input(jax.random.key(1), shape, dtype)
-      dname = jnp.dtype(dtype).name
-      copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
-      out_bytes = _nbytes(jax.eval_shape(lambda v: quantize_nvfp4(v, axis=-1), x))
-      nb = x.nbytes + out_bytes
-      bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
-      jobs += [Job(copy, lambda v: -v, (x,)),
-               Job(xla, lambda v: quantize_nvfp4(v, axis=-1), (x,),
-                   row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
-                       *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
-      # block_rows=128 measured 1.4-2x slower at every shape and dtype
-      # (docs/KERNELS.md, device call of commit 37834f9): not re-timed.
-      for emit in (False, True):
-        key = (f"pallas rtn {dname} rows64_s2{' +operand' if emit else ''}", shape)
+  for shape, kind, dtype in itertools.product(shapes, inputs, (jnp.bfloat16, jnp.float32)):
+    start = len(jobs)
+    x = _test_input(jax.random.key(1), shape, dtype, kind)
+    dname = _input_name(dtype, kind)
+    copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
+    out_bytes = _nbytes(jax.eval_shape(lambda v: quantize_nvfp4(v, axis=-1), x))
+    nb = x.nbytes + out_bytes
+    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+    jobs += [Job(copy, lambda v: -v, (x,)),
+             Job(xla, lambda v: quantize_nvfp4(v, axis=-1), (x,),
+                 row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                     *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
+    # block_rows=128 measured 1.4-2x slower at every shape and dtype
+    # (docs/KERNELS.md, device call of commit 37834f9): not re-timed.
+    for emit in (False, True):
+      key = (f"pallas rtn {dname} rows64_s2{' +operand' if emit else ''}", shape)
 
-        def check(out, outs, xla=xla, emit=emit):
-          ref = outs.get(xla)
-          if ref is None:
-            return "no reference: the XLA quantizer failed"
-          t, qs = out if emit else (out, None)
-          ok = _tensors_equal(t, ref) and (not emit or _same_bits(qs, nvfp4_bf16_operand(ref)[0]))
-          return None if ok else "MISMATCH vs reference"
+      def check(out, outs, xla=xla, emit=emit):
+        ref = outs.get(xla)
+        if ref is None:
+          return "no reference: the XLA quantizer failed"
+        t, qs = out if emit else (out, None)
+        ok = _tensors_equal(t, ref) and (not emit or _same_bits(qs, nvfp4_bf16_operand(ref)[0]))
+        return None if ok else "MISMATCH vs reference"
 
-        jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
-                        row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
-                            key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
-      _label(jobs, start, f"rtn {dname}")
-      if dtype == jnp.bfloat16:
-        exact = (f"pallas rtn {dname} rows64_s2", shape)
-        for suffix, knobs in ATTRIBUTION:
-          key = (exact[0] + suffix, shape)
-          jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn(v, **knobs), (x,),
-                          check=_inexact_check(exact) if "_division" in knobs else None,
-                          row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
-                              key[0], key[1], dt, nb, bw(times), times[xla])))
-        _label(jobs, start, f"rtn {dname} attribution")
+      jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
+                      row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                          key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+    _label(jobs, start, f"rtn {dname}")
+    if dtype == jnp.bfloat16:
+      exact = (f"pallas rtn {dname} rows64_s2", shape)
+      for suffix, knobs in ATTRIBUTION:
+        key = (exact[0] + suffix, shape)
+        jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn(v, **knobs), (x,),
+                        check=_inexact_check(exact) if "_division" in knobs else None,
+                        row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
+                            key[0], key[1], dt, nb, bw(times), times[xla])))
+      _label(jobs, start, f"rtn {dname} attribution")
   return jobs
 
 
@@ -280,7 +296,7 @@ def check_backward_output(xs, t, y, key, axis: int) -> str | None:
   return None
 
 
-def backward_quantizer_jobs(shapes: list) -> list[Job]:
+def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
   slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
@@ -288,49 +304,48 @@ def backward_quantizer_jobs(shapes: list) -> list[Job]:
   key = jax.random.key(11)
   signs = hadamard_signs(key)
   jobs = []
-  for shape in shapes:
-    for dtype in (jnp.bfloat16, jnp.float32):
-      start = len(jobs)  # the copy joins the first axis's wave
-      x = _test_input(jax.random.key(2), shape, dtype)
-      dname = jnp.dtype(dtype).name
-      copy = (f"copy {dname}", shape)
-      bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
-      jobs.append(Job(copy, lambda v: -v, (x,)))
-      for axis in (-1, 0):
-        xla = (f"xla rht+sr {dname} axis={axis}", shape)
-        xla_fn = lambda v, k1, k2, axis=axis: quantize_nvfp4(random_hadamard_16(v, k1, axis=axis), axis=axis,
-                                                             rounding="stochastic", key=k2)
-        ref_shape = jax.eval_shape(xla_fn, x, key, jax.random.key(12))
-        nb = x.nbytes + _nbytes((ref_shape.codes, ref_shape.scale_inner, ref_shape.scale_outer))
-        jobs.append(Job(xla, xla_fn, (x, key, jax.random.key(12)),
-                        row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
-                            xla[0], xla[1], dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9)))
-        xs = x[:1024] if axis == -1 else x[:, :512]
-        checked = (f"pallas rht+sr {dname} axis={axis} check", shape)
-        jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_rht_sr(
-            v, signs, jnp.uint32(3), axis=axis, emit_transformed=True), (xs,), timed=False, inner=1,
-            check=lambda out, outs, xs=xs, axis=axis: check_backward_output(xs, *out, key, axis)))
+  for shape, kind, dtype in itertools.product(shapes, inputs, (jnp.bfloat16, jnp.float32)):
+    start = len(jobs)  # the copy joins the first axis's wave
+    x = _test_input(jax.random.key(2), shape, dtype, kind)
+    dname = _input_name(dtype, kind)
+    copy = (f"copy {dname}", shape)
+    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+    jobs.append(Job(copy, lambda v: -v, (x,)))
+    for axis in (-1, 0):
+      xla = (f"xla rht+sr {dname} axis={axis}", shape)
+      xla_fn = lambda v, k1, k2, axis=axis: quantize_nvfp4(random_hadamard_16(v, k1, axis=axis), axis=axis,
+                                                           rounding="stochastic", key=k2)
+      ref_shape = jax.eval_shape(xla_fn, x, key, jax.random.key(12))
+      nb = x.nbytes + _nbytes((ref_shape.codes, ref_shape.scale_inner, ref_shape.scale_outer))
+      jobs.append(Job(xla, xla_fn, (x, key, jax.random.key(12)),
+                      row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                          xla[0], xla[1], dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9)))
+      xs = x[:1024] if axis == -1 else x[:, :512]
+      checked = (f"pallas rht+sr {dname} axis={axis} check", shape)
+      jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_rht_sr(
+          v, signs, jnp.uint32(3), axis=axis, emit_transformed=True), (xs,), timed=False, inner=1,
+          check=lambda out, outs, xs=xs, axis=axis: check_backward_output(xs, *out, key, axis)))
 
-        def needs_check(out, outs, checked=checked):
-          return None if checked in outs else "CHECK FAILED (see the check's row)"
+      def needs_check(out, outs, checked=checked):
+        return None if checked in outs else "CHECK FAILED (see the check's row)"
 
-        for emit in (False, True):
-          pk = (f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}", shape)
-          jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
-              v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
-              row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
-                  pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
-        _label(jobs, start, f"rht+sr {dname} axis={axis}")
-        if dtype == jnp.bfloat16 and axis == -1:
-          exact = (f"pallas rht+sr {dname} axis={axis}", shape)
-          for suffix, knobs in ATTRIBUTION:
-            ak = (exact[0] + suffix, shape)
-            jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),
-                            (x, signs, jnp.uint32(4)),
-                            check=_inexact_check(exact) if "_division" in knobs else needs_check,
-                            row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(
-                                ak[0], ak[1], dt, nb, bw(times), times[xla])))
-          _label(jobs, start, f"rht+sr {dname} axis={axis} attribution")
+      for emit in (False, True):
+        pk = (f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}", shape)
+        jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
+            v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
+            row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+      _label(jobs, start, f"rht+sr {dname} axis={axis}")
+      if dtype == jnp.bfloat16 and axis == -1:
+        exact = (f"pallas rht+sr {dname} axis={axis}", shape)
+        for suffix, knobs in ATTRIBUTION:
+          ak = (exact[0] + suffix, shape)
+          jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),
+                          (x, signs, jnp.uint32(4)),
+                          check=_inexact_check(exact) if "_division" in knobs else needs_check,
+                          row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(
+                              ak[0], ak[1], dt, nb, bw(times), times[xla])))
+        _label(jobs, start, f"rht+sr {dname} axis={axis} attribution")
   return jobs
 
 
@@ -598,6 +613,8 @@ def main(argv=None):
   p.add_argument("--log", default=None, help="traceback log (default: next to --out)")
   p.add_argument("--quick", action="store_true", help="first shapes only")
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
+  p.add_argument("--quant-inputs", default=QUANT_INPUTS[0],
+                 help=f"quantizer input kinds, comma-separated subset of {','.join(QUANT_INPUTS)}")
   p.add_argument("--gemm-shapes", default=None, help="GEMM shapes MxKxN (out [M, N]), e.g. 16384x1024x1024")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
@@ -630,6 +647,10 @@ def main(argv=None):
   linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if not set(linear_parts_shapes) <= set(linear_shapes):
     p.error("--linear-parts-shapes: every shape must also be in --linear-shapes (the ratios need its bf16 row)")
+  quant_inputs = tuple(args.quant_inputs.split(","))
+  if not set(quant_inputs) <= set(QUANT_INPUTS):
+    p.error(f"--quant-inputs: expected a comma-separated subset of {','.join(QUANT_INPUTS)}, "
+            f"got {args.quant_inputs!r}")
   linear_gemms = tuple(args.linear_gemms.split(","))
   if not linear_gemms or not set(linear_gemms) <= {"fast", "pallas"}:
     p.error(f"--linear-gemms: expected a comma-separated subset of fast,pallas, got {args.linear_gemms!r}")
@@ -643,8 +664,8 @@ def main(argv=None):
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
-    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes))),
-                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes))),
+    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes, quant_inputs))),
+                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, quant_inputs))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(
                             linear_shapes, linear_parts_shapes, linear_gemms, not args.linear_parts_only)))):
