@@ -443,6 +443,7 @@ def gemm_jobs(quick: bool = False, shapes: list | None = None, configs: dict | N
 
 
 LINEAR_SHAPES = [(16384, 1024, 4096), (16384, 4096, 1024)]  # (M tokens, K in, N out)
+LINEAR_GEMMS = ("fast", "pallas")  # gemm modes of the tetrajet_v2 rows ("exact" is a reference, not timed)
 
 
 def linear_parts(recipe: str, gemm: str):
@@ -475,7 +476,7 @@ def linear_parts(recipe: str, gemm: str):
   return quantize, gemms
 
 
-def linear_jobs(shapes: list, parts_shapes: list = (), gemms: tuple = ("fast", "pallas"),
+def linear_jobs(shapes: list, parts_shapes: list = (), gemms: tuple = LINEAR_GEMMS,
                 layers: bool = True) -> list[Job]:
   """TetraJet-v2 linear fwd+bwd (six quantizers) vs the bf16 linear, and where its time goes.
 
@@ -619,7 +620,7 @@ def main(argv=None):
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
                  help="shapes of the linear's attribution rows (default: --linear-shapes), a subset of them")
-  p.add_argument("--linear-gemms", default="fast,pallas", help="gemm modes of the tetrajet_v2 linear rows")
+  p.add_argument("--linear-gemms", default=",".join(LINEAR_GEMMS), help="gemm modes of the tetrajet_v2 linear rows")
   p.add_argument("--linear-parts-only", action="store_true",
                  help="skip the tetrajet_v2 whole-layer rows (the bf16 baseline stays): attribution only")
   sections = ("quant", "bwdquant", "gemm", "linear")
@@ -630,7 +631,12 @@ def main(argv=None):
   if args.table:
     print(markdown_tables([json.loads(Path(f).read_text()) for f in args.table]))
     return 0
-  only = None if args.only is None else set(args.only.split(","))
+  def subset(flag: str, value: str, valid: tuple) -> tuple:
+    out = tuple(value.split(","))
+    bad = sorted(set(out) - set(valid))
+    if bad:
+      p.error(f"{flag}: unknown {bad}; expected a comma-separated subset of {','.join(valid)}")
+    return out
   def shapes(flag: str, value: str | None, default: list, dims: int) -> list:
     if not value:
       return default
@@ -647,17 +653,11 @@ def main(argv=None):
   linear_parts_shapes = shapes("--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if not set(linear_parts_shapes) <= set(linear_shapes):
     p.error("--linear-parts-shapes: every shape must also be in --linear-shapes (the ratios need its bf16 row)")
-  quant_inputs = tuple(args.quant_inputs.split(","))
-  if not set(quant_inputs) <= set(QUANT_INPUTS):
-    p.error(f"--quant-inputs: expected a comma-separated subset of {','.join(QUANT_INPUTS)}, "
-            f"got {args.quant_inputs!r}")
-  linear_gemms = tuple(args.linear_gemms.split(","))
-  if not linear_gemms or not set(linear_gemms) <= {"fast", "pallas"}:
-    p.error(f"--linear-gemms: expected a comma-separated subset of fast,pallas, got {args.linear_gemms!r}")
+  only = None if args.only is None else subset("--only", args.only, sections)
+  quant_inputs = subset("--quant-inputs", args.quant_inputs, QUANT_INPUTS)
+  linear_gemms = subset("--linear-gemms", args.linear_gemms, LINEAR_GEMMS)
   if args.quick:
     quant_shapes = quant_shapes[:1]
-  if only is not None and not only <= set(sections):
-    p.error(f"--only: unknown section(s) {sorted(only - set(sections))}; valid: {', '.join(sections)}")
   dev = jax.devices()[0]
   header = dict(commit=commit_id(), device=getattr(dev, "device_kind", str(dev)), jax=jax.__version__,
                 date=time.strftime("%Y-%m-%d %H:%M:%S"))

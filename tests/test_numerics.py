@@ -115,6 +115,19 @@ def test_e2m1_nearest_matches_ml_dtypes(rng, mode):
   np.testing.assert_array_equal(np.asarray(nm.decode_e2m1(jnp.asarray(got))), ref.decode_codes(got))
 
 
+def _quotient_cases(rng, n, points, far_fraction=0.2):
+  """|x|, s with x / s at and a few ulps around `points` (scaled), over the
+  normal exponent range; a `far_fraction` of the quotients uniform in [0, 9)."""
+  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-125, 120, n))).astype(np.float32)
+  s[: n // 4] = np.exp2(rng.integers(-125, 120, n // 4))  # quotients exactly on the points
+  s[n // 4: n // 2] = rng.integers(1, 8, n // 4) * np.exp2(rng.integers(-120, 110, n // 4))
+  x = (points[rng.integers(0, len(points), n)] * s.astype(np.float64)).astype(np.float32)
+  x = (x.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
+  far = rng.random(n) < far_fraction
+  x[far] = (s[far] * rng.uniform(0, 9, far.sum())).astype(np.float32)
+  return x, s
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_nearest_index_of_quotient_is_rne_of_the_ieee_quotient(rng, mode):
   """The division-free rounding decision (exact compares against the scaled
@@ -122,14 +135,8 @@ def test_nearest_index_of_quotient_is_rne_of_the_ieee_quotient(rng, mode):
   +- a few ulps, at exact grid quotients (power-of-two and short scales), over
   the whole normal exponent range, and for zero/subnormal/inf/NaN operands."""
   n = 200000
-  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-125, 120, n))).astype(np.float32)
-  s[: n // 4] = np.exp2(rng.integers(-125, 120, n // 4))  # x / s lands exactly on midpoints and grid values
-  s[n // 4: n // 2] = (rng.integers(1, 8, n // 4) * np.exp2(rng.integers(-120, 110, n // 4)))
   t = np.concatenate([ref.E2M1_VALUES[1:], (ref.E2M1_VALUES[1:] + ref.E2M1_VALUES[:-1]) / 2])
-  x = (t[rng.integers(0, len(t), n)] * s.astype(np.float64)).astype(np.float32)
-  x = (x.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
-  far = rng.random(n) < 0.1
-  x[far] = (s[far] * rng.uniform(0, 9, far.sum())).astype(np.float32)
+  x, s = _quotient_cases(rng, n, t, far_fraction=0.1)  # midpoints and grid values
   x[:100], x[100:200], x[200:300], x[300:400] = 0.0, 1e-40, np.inf, np.nan  # 1e-40: flushed like div_rn
   s[400:500] = np.nan
   x = np.where(rng.random(n) < 0.5, -x, x).astype(np.float32)
@@ -140,18 +147,6 @@ def test_nearest_index_of_quotient_is_rne_of_the_ieee_quotient(rng, mode):
   got = np.asarray(run(fn, mode, jnp.asarray(x), jnp.asarray(s)))
   np.testing.assert_array_equal(got, want_idx)
   assert len(np.unique(want_idx)) == 8
-
-
-def _quotient_cases(rng, n, points):
-  """|x|, s with x / s at and a few ulps around `points` (scaled), over the normal exponent range."""
-  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-125, 120, n))).astype(np.float32)
-  s[: n // 4] = np.exp2(rng.integers(-125, 120, n // 4))  # quotients exactly on the points
-  s[n // 4: n // 2] = rng.integers(1, 8, n // 4) * np.exp2(rng.integers(-120, 110, n // 4))
-  x = (points[rng.integers(0, len(points), n)] * s.astype(np.float64)).astype(np.float32)
-  x = (x.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
-  far = rng.random(n) < 0.2
-  x[far] = (s[far] * rng.uniform(0, 9, far.sum())).astype(np.float32)
-  return x, s
 
 
 @pytest.mark.parametrize("mode", MODES)
