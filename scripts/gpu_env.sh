@@ -1,4 +1,4 @@
-# Sourced by the device scripts (scripts/h200_*.sh): installs the packages the
+# Sourced by the GPU scripts (scripts/gpu_suite.sh, scripts/gpu_ablation.sh): installs the packages the
 # GPU image lacks from carried wheels (.bundle/wheels: grain and its deps;
 # .whl: test and logging deps; .whl/mpl: plotting, if missing) into /tmp/site
 # and puts the repo and /tmp/site on PYTHONPATH. Needs $LOG.

@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
-# One device call on the H200 that checks and times everything that needs the
-# GPU, in priority order, each stage under its own time limit:
+# The GPU test suite and benchmarks on an H200 host: checks and times
+# everything that needs the GPU, in priority order, each stage under its own
+# time limit:
 #   1. GPU test suite: numerics (incl. the jit cast-elision check), Pallas
 #      kernels (GPU-marked tests at real shapes), linear layer;
 #   2. linear fwd+bwd per recipe vs bf16 (experiments.bench_linear);
 #   3. Pallas kernel benchmark (pallas_kernels.bench);
 #   4. 20m training throughput per arm (experiments.ablation, XLA path).
-# Run from the repo root through the device tool, carrying .bundle and .whl:
-#   bash scripts/h200_session.sh
-# Every stage writes its log straight into $OUT (at most 8 files come back, and
-# only what is already in $OUT when the call is cut off): session.log, one
-# <stage>.log per stage, kernels_bench.json, throughput_results.md.
+# Run from the repo root, with the data bundle in .bundle and extra wheels in
+# .whl (scripts/gpu_env.sh installs them):
+#   OUT=results/h200 bash scripts/gpu_suite.sh
+# Every stage writes its log straight into $OUT, so a run stopped at a time
+# limit still leaves what it finished: suite.log, one <stage>.log per stage,
+# kernels_bench.json, throughput_results.md.
 # Each stage gets TERM at its limit and KILL 10 s later (a compiling process
 # may not react to TERM).
 set -uo pipefail
 OUT="${OUT:-results/h200}"
 mkdir -p "$OUT"
-LOG="$OUT/session.log"
+LOG="$OUT/suite.log"
 STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
 # Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
 # section, limits T_KBENCH_<SECTION>), scan_probe (tokens/s of scanned vs
 # unrolled blocks).
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
-source scripts/device_env.sh
+source scripts/gpu_env.sh
 
-# Stage logs go to $STAGE_LOGS ($OUT by default; at most 8 files come back, so
-# calls with many stages point it elsewhere: session.log keeps each log's tail).
+# Stage logs go to $STAGE_LOGS ($OUT by default; point it elsewhere to keep
+# $OUT small when many stages run: suite.log keeps each log's tail).
 STAGE_LOGS="${STAGE_LOGS:-$OUT}"
 mkdir -p "$STAGE_LOGS"
 enabled() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }

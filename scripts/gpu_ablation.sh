@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call of the issue-10 ablation on the H200. Runs (or resumes) the
-# arms of one or more seeds' results folders under experiments/results/h200_20m/
-# and returns the finished arms' raw metrics (run.json, provenance.json,
-# <arm>/{config.json,metrics.jsonl,final.json}) packed in $OUT/ablation.tgz:
-# unpack it in the repo root and commit it. A later call resumes with the
-# remaining arms (finished arms are reused, never re-run), so all arms keep the
-# same data order, seed and schedule.
+# The 20m NVFP4 training ablation on an H200 host, within one time limit.
+# Runs (or resumes) the arms of one or more seeds' results folders under
+# experiments/results/h200_20m/ and packs the finished arms' raw metrics
+# (run.json, provenance.json, <arm>/{config.json,metrics.jsonl,final.json})
+# into $OUT/ablation.tgz: unpack it in the repo root and commit it. A later
+# run resumes with the remaining arms (finished arms are reused, never
+# re-run), so all arms keep the same data order, seed and schedule.
 #
 # Why one process per arm (PARALLEL=1, the default): compiling an FP4 arm's
 # train step takes minutes of CPU time on this machine while a 20m model
@@ -22,13 +22,13 @@
 # ran out of the H200's memory, so give at most four arms at a time.
 #
 #   JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
-#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] bash scripts/h200_ablation.sh
+#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] bash scripts/gpu_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
 RETURN="${OUT:-results/h200}"
 WORK=/tmp/h200
 mkdir -p "$RETURN" "$WORK"
-LOG="$RETURN/ablation.log"  # in $OUT from the start: a cut-off call still returns it
+LOG="$RETURN/ablation.log"  # in $OUT from the start: a run cut off by its limit still leaves it
 JOBS="${JOBS:?space-separated SEED:arm,arm,... groups}"
 LIMIT="${LIMIT:-420}"
 PARALLEL="${PARALLEL:-1}"
@@ -40,7 +40,7 @@ source scripts/ablation_flags.sh
 FLAGS=("${ABLATION_FLAGS[@]}")
 run_dir() { echo "experiments/results/h200_20m/seed$1"; }
 
-source scripts/device_env.sh
+source scripts/gpu_env.sh
 
 t0=$SECONDS
 date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -80,7 +80,7 @@ for job in $JOBS; do
     echo "python -m experiments.ablation ${FLAGS[*]} --seed $seed --arms $group --out $(run_dir "$seed") --resume" \
       | tee -a "$LOG"
     # TERM at LIMIT: the runner stops its arm (an unfinished arm restarts from
-    # scratch next call: its checkpoints stay on this machine).
+    # scratch in a later run on a fresh machine: its checkpoints stay here).
     timeout -k 20 "$LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "$seed" --arms "$group" \
       --out "$(run_dir "$seed")" --resume >"$WORK/run_${seed}_${group//,/+}.log" 2>&1 &
     pids+=($!)
@@ -123,7 +123,7 @@ PY
 done
 tar -czf "$RETURN/ablation.tgz" "${files[@]}"  # now, in case the probe is cut off
 # Arms cut off by LIMIT: their metrics so far (perf/elapsed_s, perf/eval_s show
-# where the time went), not results: they restart from scratch next call.
+# where the time went), not results: they restart from scratch in a later run.
 partial=()
 for job in $JOBS; do
   for d in "$(run_dir "${job%%:*}")"/*/; do
