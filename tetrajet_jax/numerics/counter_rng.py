@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 SR_BITS = 16  # random bits per element
 _GOLDEN = 0x9E3779B9
@@ -81,8 +82,11 @@ def element_bits(seed: jax.typing.ArrayLike, shape: tuple[int, ...]) -> jax.Arra
 
 
 def bits_to_unit(bits: jax.Array) -> jax.Array:
-  """(bits + 1/2) 2^-16 as float32 (exact): the midpoint of the bits' 2^-16 cell of [0, 1)."""
-  return (bits.astype(jnp.float32) + 0.5) * (2.0**-SR_BITS)
+  """(bits + 1/2) 2^-16 as float32 (exact), bits uint32 in [0, 2^16): the
+  midpoint of the bits' 2^-16 cell of [0, 1). Built from the float's bits (no
+  integer-to-float conversion, which Mosaic GPU kernels lack for uint32)."""
+  one_plus = lax.bitcast_convert_type((bits << (23 - SR_BITS)) | _u32(0x3F800000), jnp.float32)  # 1 + bits 2^-16
+  return (one_plus - 1.0) + 2.0**-(SR_BITS + 1)
 
 
 __all__ = ["SR_BITS", "fmix32", "sr_seed", "row_keys", "pair_hash", "low_bits", "high_bits", "element_bits",

@@ -151,7 +151,8 @@ def reciprocal_rn(s: jax.Array) -> jax.Array:
 
   A scale below the float32 normal range (possible only in blocks whose amax
   is below about 1e-32) counts as 0, as every subnormal does in the scale
-  arithmetic, and gives +inf; NaN gives NaN.
+  arithmetic, and gives +inf; a reciprocal below the normal range (s > 2^126,
+  beyond any scale of a finite input) flushes to 0; NaN gives NaN.
   """
   s = jnp.asarray(s, jnp.float32)
   r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True)
