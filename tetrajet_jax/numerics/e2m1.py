@@ -6,7 +6,10 @@ into E2M1_GRID = {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Zero is always encoded as +0
 (code 0), so quantize(dequantize(q)) == q holds bitwise.
 
 Rounding is done with comparisons against the grid's decision thresholds, not
-with a float4 cast: comparisons cannot be elided by XLA under jit.
+with a float4 cast: comparisons cannot be elided by XLA under jit. The NVFP4
+quantizers (XLA and Pallas) apply these functions to v = fp32(|x| r), r the
+block's correctly rounded reciprocal scale; stochastic rounding takes its 16
+random bits per element from counter_rng.
 """
 
 from __future__ import annotations

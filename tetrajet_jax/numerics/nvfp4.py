@@ -229,8 +229,8 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
   # The element rule: one correctly rounded reciprocal per 16-block, then a
   # multiplication per element (no division). The barriers keep XLA's CPU
   # compile time bounded (see scales.div_rn).
-  r = lax.optimization_barrier(reciprocal_rn(s_in * s_out_in))
-  v = flush_subnormal(ax) * per_element(r)  # |x| r in float32
+  recip = lax.optimization_barrier(reciprocal_rn(s_in * s_out_in))  # r = fp32(1 / s) per inner block
+  v = flush_subnormal(ax) * per_element(recip)  # |x| r in float32
   if rounding == "nearest":
     idx = nearest_index(v)
   else:
