@@ -5,7 +5,7 @@ backward (spec section 2): y = (1/4) H16 diag(signs) x on every 16-chunk along
 the quantized axis, then the double-block scales of y exactly as
 `tetrajet_jax.numerics.quantize_nvfp4` computes them (spec section 1, same
 formulas and divisions as `nvfp4_quantize.py`), then unbiased stochastic
-rounding with the kernel's own counter-based random bits.
+rounding with the counter-based random bits the XLA quantizer uses.
 
 Axis: `axis=-1` quantizes along the last axis (dY along N, W_hat^T along N);
 `axis=0` quantizes along the first axis (dY^T and X_hat^T along tokens M) and
@@ -146,7 +146,8 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       C % block == 0; R is zero-padded to a multiple of 128 (a copy only when
       R % 128 != 0), as the linear layer pads tokens.
     signs_16: the 16 RHT signs (+-1), e.g. `hadamard_signs(key)`.
-    seed: integer scalar (uint32 range) selecting the SR random bits.
+    seed: integer scalar (uint32 range) selecting the SR random bits
+      (counter_rng; `counter_rng.sr_seed(key)` derives it from a PRNG key).
     axis: -1/1 (quantize along columns) or 0 (along rows; output is the
       canonical layout of x^T).
     block: canonical output rows per CTA (multiple of 64).
@@ -166,10 +167,11 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       tile math (codes and scales from the row keys: the memory ceiling).
 
   Returns:
-    NVFP4Tensor with the structure of `quantize_nvfp4(random_hadamard_16(x,
-    key, axis=axis), axis=axis, rounding="stochastic", key=...)`: same scales
-    given the same transformed values, codes from the kernel's own random
-    bits. Then (if asked) the bf16 operand, then y.
+    NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding="stochastic",
+    key=sr_key)` (canonical layout) bitwise for y the kernel's transformed
+    values and seed = counter_rng.sr_seed(sr_key): same scales, same random
+    bits, same codes. y equals random_hadamard_16(x, key, axis=axis) up to
+    FP32 accumulation order. Then (if asked) the bf16 operand, then y.
   """
   name = "quantize_nvfp4_rht_sr"
   x = jnp.asarray(x)
