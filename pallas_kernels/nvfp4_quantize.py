@@ -6,14 +6,14 @@ spec section 1 to the bit:
   s_out = amax_128 / 448 / 6 (two IEEE divisions; 0 -> 1; NaN if the block
           holds NaN/Inf),
   s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),
-  q     = rne_e2m1(x / (s_in * s_out)), saturating at 6.
-The scale divisions are `tetrajet_jax.numerics.div_rn`, the E4M3 rounding is
-`round_to_e4m3`, and the element rounding is `nearest_index_of_quotient`,
-the reference's own functions: the H200 run showed that Mosaic GPU's f32
-division is not correctly rounded (ties of x / s rounded the wrong way), so
-exact integer arithmetic decides the scales, and the elements are rounded by
-exact compares against the scaled midpoints with no division at all (the
-per-element div_rn was half the kernel's time, bench 30d8e1c).
+  r     = 1 / (s_in * s_out), correctly rounded, once per 16-block,
+  q     = rne_e2m1(x * r), saturating at 6.
+The per-block divisions are `tetrajet_jax.numerics.div_rn` (via
+`reciprocal_rn` for r), the E4M3 rounding is `round_to_e4m3`, and the element
+rounding is `e2m1.nearest_index` of the product, the reference's own
+functions: Mosaic GPU's f32 division is not correctly rounded, so exact
+integer arithmetic decides every per-block quotient, and the elements are
+only multiplied (one float32 product each, then compares).
 
 Kernel: grid (row blocks, parts of K), each CTA walking its part of K in
 blocks of 128 sequentially so TMA pipelines the loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
@@ -42,8 +42,9 @@ from jax import lax
 
 from pallas_kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
-from tetrajet_jax.numerics.e2m1 import nearest_index, nearest_index_of_quotient, quotient_thresholds
-from tetrajet_jax.numerics.scales import div_by_constant, div_rn, round_to_e4m3
+from tetrajet_jax.numerics.e2m1 import flush_subnormal, nearest_index
+from tetrajet_jax.numerics.e2m1 import grid_value as _index_magnitude  # E2M1 grid value of an index (exact)
+from tetrajet_jax.numerics.scales import div_by_constant, div_rn, reciprocal_rn, round_to_e4m3
 
 OUTER = 128
 INNER = 16
@@ -51,17 +52,11 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 Packing = Literal["pairs", "xla"]
 # Timing-only knobs (the bench's attribution rows; results are NOT the reference's):
-# "hardware" rounds the plain x / s instead of deciding RNE of the IEEE quotient
-# exactly (scales stay exact), "none" replaces all tile math by copying input bits
+# "hardware" multiplies by the plain 1 / s instead of the correctly rounded
+# reciprocal (s_in and s_out stay exact), "none" replaces all tile math by copying input bits
 # (same loads and stores).
 Division = Literal["exact", "hardware"]
 Math = Literal["full", "none"]
-
-
-def _index_magnitude(idx):
-  """E2M1 grid value of a magnitude index (exact)."""
-  half = idx.astype(jnp.float32) * 0.5  # 0, .5, 1, 1.5, 2 for idx <= 4
-  return jnp.where(idx <= 4, half, jnp.where(idx == 5, 3.0, jnp.where(idx == 6, 4.0, 6.0)))
 
 
 def tile_scales(amax_in: list) -> tuple[jax.Array, list]:
@@ -89,9 +84,9 @@ def _quantize_tile(load_sub, division: Division = "exact"):
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
       values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
-    division: "exact" (the reference's RNE of the IEEE quotient, decided by
-      exact compares: numerics.e2m1.nearest_index_of_quotient) or "hardware"
-      (thresholds on the plain x / s, timing only: not bitwise).
+    division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
+      block, then RNE of x * r) or "hardware" (the plain 1 / s: timing only,
+      not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] / qs[c] are tuples matching load_sub(c)
@@ -108,13 +103,10 @@ def _quantize_tile(load_sub, division: Division = "exact"):
   codes, qss = [], []
   for parts, s_in in zip(xs, s_ins):
     s = s_in * s_out
-    th = quotient_thresholds(s) if division == "exact" else None  # per row, shared by the parts
+    r = reciprocal_rn(s) if division == "exact" else 1.0 / s  # per row, shared by the parts
     cs, qs = [], []
     for x in parts:
-      if th is not None:
-        idx = nearest_index_of_quotient(jnp.abs(x), th, lambda v, x=x: lax.broadcast_in_dim(v, x.shape, [0]))
-      else:
-        idx = nearest_index(jnp.abs(x / lax.broadcast_in_dim(s, x.shape, [0])))
+      idx = nearest_index(flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]))
       neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
       mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])

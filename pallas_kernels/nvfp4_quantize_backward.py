@@ -5,7 +5,7 @@ backward (spec section 2): y = (1/4) H16 diag(signs) x on every 16-chunk along
 the quantized axis, then the double-block scales of y exactly as
 `tetrajet_jax.numerics.quantize_nvfp4` computes them (spec section 1, same
 formulas and divisions as `nvfp4_quantize.py`), then unbiased stochastic
-rounding with the kernel's own counter-based random bits.
+rounding with the counter-based random bits the XLA quantizer uses.
 
 Axis: `axis=-1` quantizes along the last axis (dY along N, W_hat^T along N);
 `axis=0` quantizes along the first axis (dY^T and X_hat^T along tokens M) and
@@ -26,20 +26,16 @@ The matrix's output columns are permuted (even elements first, then odd), so
 the two elements of a packed byte land in the same thread at the same register
 position and are packed without shuffles.
 
-Random bits (documented generator, counter-based, stateless): for canonical
-element (row r, column k) of the output,
-  row_key = fmix32(fmix32(seed ^ 0x9E3779B9) + fmix32(r ^ 0x7F4A7C15))   (XLA, one per row)
-  h       = fmix32(fmix32(row_key ^ (k * 0x9E3779B9)) + row_key)          (in the kernel)
-  u       = float(h >> 9) * 2^-23                                          in [0, 1)
-with fmix32 MurmurHash3's finalizer (xor-shift-multiply, a bijection of
-uint32). For a fixed row the map k -> h is a bijection, so no two elements of
-a row share bits; rows differ through row_key. With v = y / s the element's
-scaled value and lo its lower E2M1 neighbour (that of the IEEE quotient, as
-the reference picks it), the element rounds up iff u (hi - lo) s < |y| - lo s
-(`numerics.e2m1.stochastic_index_of_quotient`: exact compares, no division;
-the per-element division was half the kernel's time, bench 65e3bfa), so
-P(up) = (|v| - lo) / (hi - lo) to within 2^-22: the bias is below 2^-22 of
-the grid gap, and a value on the grid is kept.
+Random bits: the counter-based generator of `tetrajet_jax.numerics.counter_rng`
+(the one the XLA quantizer uses): row keys computed by XLA, one 32-bit hash
+per element pair in the kernel, 16 bits per element. With r = 1 / s the
+block's correctly rounded reciprocal and v = |y| r (one float32 product), the
+element steps from its lower E2M1 neighbour lo up iff v > lo + (bits + 1/2)
+2^-16 gap (`numerics.e2m1.stochastic_index`: one exact compare), so
+P(up) = (v - lo) / gap to within 2^-17 and a value on the grid is kept. For
+the same seed and the same transformed values y, the codes equal
+`quantize_nvfp4(y, rounding="stochastic")`'s bitwise (seed =
+counter_rng.sr_seed(key)).
 
 Scale layout and NaN/Inf: as the RTN kernel (a block holding NaN/Inf gets NaN
 scales and zero codes, like the reference; note the dense 128-wide transform
@@ -63,35 +59,9 @@ from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_
                                            store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
-from tetrajet_jax.numerics.e2m1 import E2M1_GRID, quotient_thresholds, stochastic_index_of_quotient
-
-_GOLDEN = 0x9E3779B9
-
-
-def _u32(v: int):
-  return jnp.uint32(v & 0xFFFFFFFF)
-
-
-def fmix32(h):
-  """MurmurHash3's 32-bit finalizer (a bijection of uint32), in uint32 arithmetic."""
-  h = h ^ (h >> 16)
-  h = h * _u32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * _u32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def row_keys(seed: jax.Array, rows: int) -> jax.Array:
-  """uint32 [rows]: the per-row key of the generator (module docstring)."""
-  seed = jnp.asarray(seed).astype(jnp.uint32)
-  r = jnp.arange(rows, dtype=jnp.uint32)
-  return fmix32(fmix32(seed ^ _u32(_GOLDEN)) + fmix32(r ^ _u32(0x7F4A7C15)))
-
-
-def element_uniform(row_key, col):
-  """u in [0, 1) (multiples of 2^-23) of element (row, col); uint32 inputs."""
-  h = fmix32(fmix32(row_key ^ (col * _u32(_GOLDEN))) + row_key)
-  return lax.bitcast_convert_type((h >> 9) | _u32(0x3F800000), jnp.float32) - 1.0
+from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
+from tetrajet_jax.numerics.e2m1 import flush_subnormal, stochastic_index
+from tetrajet_jax.numerics.scales import reciprocal_rn
 
 
 def transform_matrix(signs_16: jax.Array) -> jax.Array:
@@ -119,18 +89,6 @@ def _split3(xf):
   return hi, mid, lo
 
 
-def _sr_index(a, u):
-  """E2M1 magnitude index of a = |v| by stochastic rounding with uniform u (NaN -> 0)."""
-  a = jnp.minimum(a, 6.0)
-  lo_idx = jnp.zeros(a.shape, jnp.int32)
-  for g in map(float, E2M1_GRID[1:]):  # the magnitudes above 0
-    lo_idx = lo_idx + jnp.where(a >= g, 1, 0)
-  lo = _index_magnitude(lo_idx)
-  inv_gap = jnp.where(lo_idx >= 6, 0.5, jnp.where(lo_idx >= 4, 1.0, 2.0))  # 1 / (hi - lo), exact
-  p_up = (a - lo) * inv_gap  # exact: a - lo is exact (Sterbenz), times a power of two
-  return jnp.minimum(lo_idx + jnp.where(u < p_up, 1, 0), 7)
-
-
 def _swizzled(dtype, minor: int):
   bits = jnp.dtype(dtype).itemsize * 8
   swizzle = plgpu.find_swizzle(minor * bits)
@@ -144,8 +102,9 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
     evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
       16c + 2i and 16c + 2i + 1.
     key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
-    division: "exact" (stochastic_index_of_quotient: no division, exact
-      lower neighbour) or "hardware" (SR of the plain x / s, timing only).
+    division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
+      block, then e2m1.stochastic_index of |y| r) or "hardware" (the plain
+      1 / s: timing only, not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
@@ -154,22 +113,19 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
   s_out, s_ins = tile_scales(amax_in)
   bm = evens[0].shape[0]
-  i2 = lax.broadcasted_iota(jnp.int32, (bm, 8), 1) * 2
+  i = lax.broadcasted_iota(jnp.int32, (bm, 8), 1)
   keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
   codes, qss = [], []
   expand = lambda v: lax.broadcast_in_dim(v, (bm, 8), [0])
   for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
     s = s_in * s_out
-    th = quotient_thresholds(s, "grid") if division == "exact" else None  # per row, shared by both parities
+    r = expand(reciprocal_rn(s) if division == "exact" else 1.0 / s)  # per row, shared by both parities
     s_in_b = expand(s_in)
+    # One hash per (even, odd) pair: pair index = column // 2.
+    h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
     cs, qs = [], []
-    for parity, x in ((0, ev), (1, od)):
-      col = (i2 + (col0 + c * INNER + parity)).astype(jnp.uint32)
-      u = element_uniform(keys, col)
-      if th is not None:
-        idx = stochastic_index_of_quotient(jnp.abs(x), u, th, expand)
-      else:
-        idx = _sr_index(jnp.abs(x / expand(s)), u)
+    for bits, x in ((low_bits(h), ev), (high_bits(h), od)):
+      idx = stochastic_index(flush_subnormal(jnp.abs(x)) * r, bits)
       neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
       mag = _index_magnitude(idx) * s_in_b
@@ -190,7 +146,8 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       C % block == 0; R is zero-padded to a multiple of 128 (a copy only when
       R % 128 != 0), as the linear layer pads tokens.
     signs_16: the 16 RHT signs (+-1), e.g. `hadamard_signs(key)`.
-    seed: integer scalar (uint32 range) selecting the SR random bits.
+    seed: integer scalar (uint32 range) selecting the SR random bits
+      (counter_rng; `counter_rng.sr_seed(key)` derives it from a PRNG key).
     axis: -1/1 (quantize along columns) or 0 (along rows; output is the
       canonical layout of x^T).
     block: canonical output rows per CTA (multiple of 64).
@@ -210,10 +167,11 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       tile math (codes and scales from the row keys: the memory ceiling).
 
   Returns:
-    NVFP4Tensor with the structure of `quantize_nvfp4(random_hadamard_16(x,
-    key, axis=axis), axis=axis, rounding="stochastic", key=...)`: same scales
-    given the same transformed values, codes from the kernel's own random
-    bits. Then (if asked) the bf16 operand, then y.
+    NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding="stochastic",
+    key=sr_key)` (canonical layout) bitwise for y the kernel's transformed
+    values and seed = counter_rng.sr_seed(sr_key): same scales, same random
+    bits, same codes. y equals random_hadamard_16(x, key, axis=axis) up to
+    FP32 accumulation order. Then (if asked) the bf16 operand, then y.
   """
   name = "quantize_nvfp4_rht_sr"
   x = jnp.asarray(x)
@@ -393,11 +351,13 @@ def can_use_pallas_backward_quantizer(shape: tuple[int, ...], dtype, *, axis: in
 
 def quantize_nvfp4_rht_sr_reference(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
                                     axis: int = -1) -> NVFP4Tensor:
-  """The XLA path the kernel replaces (RHT with hadamard_signs(rht_key), SR with jax.random)."""
+  """The XLA path the kernel replaces (RHT with hadamard_signs(rht_key); SR bits from
+  counter_rng seeded with sr_seed(sr_key), the kernel's generator: with
+  seed = counter_rng.sr_seed(sr_key) the kernel draws the same bits)."""
   if axis == 0:
     x = pad_axis_to_multiple(jnp.asarray(x), 0, OUTER)
   return quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis), axis=axis, rounding="stochastic", key=sr_key)
 
 
 __all__ = ["quantize_nvfp4_rht_sr", "can_use_pallas_backward_quantizer", "quantize_nvfp4_rht_sr_reference",
-           "transform_matrix", "row_keys", "element_uniform", "fmix32", "hadamard_signs"]
+           "transform_matrix", "row_keys", "fmix32", "hadamard_signs"]

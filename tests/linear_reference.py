@@ -1,10 +1,12 @@
 """Independent reference of the quantized linear layer's three GEMMs (spec 2),
 in NumPy float64 on top of tests/numpy_reference.py.
 
-Stochastic rounding draws: the reference uses the same uniform numbers as the
-layer (so a fixed key gives a deterministic, comparable result) but applies
-its own rounding rule. The key schedule it replicates is the layer's
-documented one: split(key, 8) -> [rht_dx, rht_dw, q1..q6].
+Stochastic rounding draws: the reference uses the layer's documented
+counter-based generator, re-implemented in NumPy (tests/numpy_reference.py),
+seeded like the layer with jax.random.bits(key, (), uint32), so a fixed key
+gives a deterministic, comparable result; the rounding rule is its own. The
+key schedule it replicates is the layer's documented one: split(key, 8) ->
+[rht_dx, rht_dw, q1..q6].
 """
 
 from __future__ import annotations
@@ -38,38 +40,13 @@ def rht_last(x: np.ndarray, key) -> np.ndarray:
   return (xc @ m.T).reshape(*lead, n).astype(F32)
 
 
-def _block_scales(x: np.ndarray) -> np.ndarray:
-  """Per-element scale s = s_in * s_out of double-block NVFP4 along the last axis."""
-  _, s_in, s_out = ref.nvfp4_block(x)
-  return np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
-
-
-def sr_codes(x: np.ndarray, s: np.ndarray, u: np.ndarray) -> np.ndarray:
-  """Stochastic E2M1 rounding of x / s with uniforms u: lo is the grid value at
-  or below the IEEE float32 quotient, and the step up happens iff u < (|x / s|
-  - lo) / gap on the exact (float64) quotient."""
-  v32 = (x / s).astype(F32)  # numpy's IEEE float32 division
-  y = np.abs(x.astype(np.float64) / s)
-  grid = ref.E2M1_VALUES
-  i = np.searchsorted(grid, np.minimum(np.abs(v32), 6.0), side="right") - 1
-  j = np.minimum(i + 1, 7)
-  gap = np.where(grid[j] > grid[i], grid[j] - grid[i], np.inf)
-  up = u < (y - grid[i]) / gap
-  mag = grid[np.where(up, j, i)]
-  return np.where(v32 < 0, -mag, mag)
-
-
 def fake_quant_block(x: np.ndarray, *, key=None) -> np.ndarray:
   """Dequantized double-block NVFP4 of x along its last axis (RTN, or SR with key)."""
   x = np.asarray(x, F32)
-  s = _block_scales(x)
-  if key is None:
-    codes, _, _ = ref.nvfp4_block(x)
-    q = ref.decode_codes(codes)
-  else:
-    u = _on_cpu(jax.random.uniform, key, x.shape, np.float32)
-    q = sr_codes(x, s, u)
-  return q * s.astype(np.float64)
+  seed = None if key is None else int(_on_cpu(jax.random.bits, key, (), np.uint32))
+  codes, s_in, s_out = ref.nvfp4_block(x, seed=seed)
+  s = np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
+  return ref.decode_codes(codes) * s.astype(np.float64)
 
 
 def tetrajet_forward(x: np.ndarray, kernel: np.ndarray) -> np.ndarray:

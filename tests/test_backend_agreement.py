@@ -140,3 +140,23 @@ def test_backward_operands_bitwise(data, key):
   g, c = gpu_and_cpu(operands, data["x"], data["w"], data["dy"])
   for name in g:
     assert_bitwise(g[name], c[name], f"backward operand {name}")
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("kind", ["near_decisions", "subnormal_scale", "bf16_values", "saturation"])
+def test_element_rule_bitwise_vs_reference(rng, key, kind, rounding):
+  """The element rule on the GPU (jitted) at its hard cases, bitwise the NumPy
+  reference's: products x r on and next to decision points, subnormal inputs
+  and scales (the GPU keeps subnormals, XLA's CPU flushes them), saturation."""
+  from tests import numpy_reference as ref  # noqa: PLC0415
+  from tests.test_numerics import _data, near_decision_points  # noqa: PLC0415
+
+  x = near_decision_points(rng, 64) if kind == "near_decisions" else _data(kind, rng, (64, 512))
+  fn = lambda a: _leaves(quantize_nvfp4(a, rounding=rounding, key=key if rounding == "stochastic" else None))
+  g, c = gpu_and_cpu(fn, x)
+  assert_bitwise(g, c, f"quantize_nvfp4 {rounding} on {kind} data")
+  seed = int(jax.random.bits(jax.device_put(key, jax.devices("cpu")[0]), (), jnp.uint32))
+  codes, s_in, s_out = ref.nvfp4_block(x, seed=seed if rounding == "stochastic" else None)
+  np.testing.assert_array_equal(np.stack([g[0] & 0xF, g[0] >> 4], -1).reshape(codes.shape), codes)
+  np.testing.assert_array_equal(g[1].view(jnp.float8_e4m3fn).astype(np.float32), s_in)
+  np.testing.assert_array_equal(g[2], s_out)

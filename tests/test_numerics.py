@@ -115,65 +115,19 @@ def test_e2m1_nearest_matches_ml_dtypes(rng, mode):
   np.testing.assert_array_equal(np.asarray(nm.decode_e2m1(jnp.asarray(got))), ref.decode_codes(got))
 
 
-def _quotient_cases(rng, n, points, far_fraction=0.2):
-  """|x|, s with x / s at and a few ulps around `points` (scaled), over the
-  normal exponent range; a `far_fraction` of the quotients uniform in [0, 9)."""
-  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-125, 120, n))).astype(np.float32)
-  s[: n // 4] = np.exp2(rng.integers(-125, 120, n // 4))  # quotients exactly on the points
-  s[n // 4: n // 2] = rng.integers(1, 8, n // 4) * np.exp2(rng.integers(-120, 110, n // 4))
-  x = (points[rng.integers(0, len(points), n)] * s.astype(np.float64)).astype(np.float32)
-  x = (x.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
-  far = rng.random(n) < far_fraction
-  x[far] = (s[far] * rng.uniform(0, 9, far.sum())).astype(np.float32)
-  return x, s
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_nearest_index_of_quotient_is_rne_of_the_ieee_quotient(rng, mode):
-  """The division-free rounding decision (exact compares against the scaled
-  midpoints) equals RNE of numpy's IEEE float32 quotient, at every midpoint
-  +- a few ulps, at exact grid quotients (power-of-two and short scales), over
-  the whole normal exponent range, and for zero/subnormal/inf/NaN operands."""
+def test_reciprocal_rn_is_the_ieee_reciprocal(rng, mode):
+  """The per-block r = fp32(1 / s) is numpy's correctly rounded float32
+  reciprocal, over the whole normal range, at powers of two and short
+  significands (E4M3 x FP32 products); below the normal range r = inf."""
   n = 200000
-  t = np.concatenate([ref.E2M1_VALUES[1:], (ref.E2M1_VALUES[1:] + ref.E2M1_VALUES[:-1]) / 2])
-  x, s = _quotient_cases(rng, n, t, far_fraction=0.1)  # midpoints and grid values
-  x[:100], x[100:200], x[200:300], x[300:400] = 0.0, 1e-40, np.inf, np.nan  # 1e-40: flushed like div_rn
-  s[400:500] = np.nan
-  x = np.where(rng.random(n) < 0.5, -x, x).astype(np.float32)
-  with np.errstate(all="ignore"):
-    want = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), np.abs(x)) / s
-  want_idx = ref.e2m1_codes(np.nan_to_num(want.astype(np.float32), nan=0.0)) & 7
-  fn = lambda x, s: nm.e2m1.nearest_index_of_quotient(jnp.abs(x), nm.e2m1.quotient_thresholds(s))
-  got = np.asarray(run(fn, mode, jnp.asarray(x), jnp.asarray(s)))
-  np.testing.assert_array_equal(got, want_idx)
-  assert len(np.unique(want_idx)) == 8
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_stochastic_index_of_quotient(rng, mode):
-  """Division-free SR: the lower neighbour is that of numpy's IEEE float32
-  quotient; the step up happens iff u < p = (y - lo) / gap of the float64
-  quotient y, wherever u is not within 2^-21 of p; a quotient exactly on the
-  grid stays; results are always lo or the next grid value, saturating at 6."""
-  n = 200000
-  x, s = _quotient_cases(rng, n, ref.E2M1_VALUES[1:])
-  u = (rng.integers(0, 2**23, n) * 2.0**-23).astype(np.float32)
-  u[:1000] = 0.0
-  xf = np.where(x < np.finfo(np.float32).tiny, np.float32(0), x)  # subnormal operands flush, as div_rn
-  y = xf.astype(np.float64) / s
-  lo_i = np.searchsorted(ref.E2M1_VALUES, np.minimum(xf / s, 6.0), side="right") - 1  # numpy f32 quotient
-  gap = np.diff(ref.E2M1_VALUES, append=np.inf)[lo_i]
-  p = (y - ref.E2M1_VALUES[lo_i]) / gap
-  fn = lambda x, s, u: nm.e2m1.stochastic_index_of_quotient(x, u, nm.e2m1.quotient_thresholds(s, "grid"))
-  got = np.asarray(run(fn, mode, jnp.asarray(x), jnp.asarray(s), jnp.asarray(u)))
-  want = np.minimum(lo_i + (u < p), 7)
-  clear = np.abs(u - p) > 2.0**-21
-  assert clear.mean() > 0.99
-  np.testing.assert_array_equal(got[clear], want[clear])
-  assert np.all((got == lo_i) | (got == np.minimum(lo_i + 1, 7)))
-  on_grid = y == ref.E2M1_VALUES[lo_i]
-  assert on_grid.sum() > 1000 and np.all(got[on_grid] == lo_i[on_grid])
-  assert len(np.unique(got)) == 8
+  s = (rng.uniform(1, 2, n) * np.exp2(rng.integers(-126, 127, n))).astype(np.float32)
+  s[:1000] = np.exp2(rng.integers(-126, 127, 1000))
+  s[1000:2000] = rng.integers(1, 16, 1000) * np.exp2(rng.integers(-120, 110, 1000))
+  s[2000:2010] = [1e-40, 0.0, np.nan, 1.0, 3.0, 448.0, 6.0, 2688.0, np.finfo(np.float32).max, 2.0**-126]
+  got = np.asarray(run(nm.scales.reciprocal_rn, mode, jnp.asarray(s)))
+  np.testing.assert_array_equal(got, ref.reciprocal(s))  # NaN positions equal too
+  assert got[2000] == np.inf and got[2001] == np.inf
 
 
 def test_pack_unpack_roundtrip(rng):
@@ -217,10 +171,42 @@ def _data(kind: str, rng, shape) -> np.ndarray:
     return x
   if kind == "wide_range":
     return (rng.standard_normal(shape) * np.exp2(rng.uniform(-30, 30, shape))).astype(np.float32)
+  if kind == "lognormal":
+    return (rng.lognormal(0.0, 2.0, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
+  if kind == "bf16_values":  # bfloat16-representable inputs (activations, gradients)
+    x = rng.standard_normal(shape) * np.exp(rng.standard_normal(shape))
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+  if kind == "grid_points":  # already quantized values: x r lands on (or an ulp off) the grid
+    x = rng.standard_normal(shape).astype(np.float32)
+    codes, s_in, s_out = ref.nvfp4_block(x)
+    s = np.repeat(s_in.astype(np.float64), 16, -1) * np.repeat(s_out, 128, -1)
+    return (ref.decode_codes(codes) * s).astype(np.float32)
+  if kind == "saturation":
+    # Sub-blocks whose amax_16 / s_out / 6 sits just below an E4M3 midpoint:
+    # s_in rounds down, so the sub-block's max lands above 6 and saturates.
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[..., 0] = 1000.0  # the 128-block max: s_out = 1000 / 448 / 6
+    s_out = np.float32(np.float32(1000.0 / np.float32(448)) / np.float32(6))
+    t = rng.choice([9.49, 19.9, 39.8, 79.5, 99.9, 199.5], x.shape[:-1] + (x.shape[-1] // 16,))
+    sub = x.reshape(*x.shape[:-1], -1, 16)
+    sub *= (t * 6 * s_out / np.abs(sub).max(-1))[..., None]
+    sub[..., 0, :] = x.reshape(*x.shape[:-1], -1, 16)[..., 0, :]
+    x = sub.reshape(shape).astype(np.float32)
+    x.reshape(*shape[:-1], -1, 128)[..., 0] = 1000.0
+    return x
+  if kind == "subnormal_scale":
+    # Blocks near the bottom of float32: s_out below 2^-117, so a tiny
+    # sub-block's s = s_in s_out is subnormal (r = inf); subnormal elements.
+    x = (rng.standard_normal(shape) * 1e-33).astype(np.float32)
+    x[..., 16:32] *= np.float32(1e-4)
+    x[..., 40] = np.float32(1e-40)
+    x[..., 128:256] *= np.float32(1e-4)  # a whole block whose s_out flushes to 0 -> 1
+    return x
   raise ValueError(kind)
 
 
-KINDS = ["normal", "student_t", "tiny", "huge", "zero_blocks", "underflow_subblock", "wide_range"]
+KINDS = ["normal", "student_t", "tiny", "huge", "zero_blocks", "underflow_subblock", "wide_range", "lognormal",
+         "bf16_values", "grid_points", "saturation", "subnormal_scale"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -233,13 +219,84 @@ def test_nvfp4_block_bitwise(rng, kind, mode):
   np.testing.assert_array_equal(np.asarray(t.scale_inner).astype(np.float32), s_in)
   np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
   chex.assert_type([t.codes, t.scale_inner, t.scale_outer], [jnp.uint8, jnp.float8_e4m3fn, jnp.float32])
-  # The sub-block holding each 128-block's max gets scale 448 exactly (nonzero blocks).
+  # The sub-block holding each 128-block's max gets scale 448 exactly (blocks
+  # whose s_out is a normal float32, i.e. all but all-zero and near-underflow ones).
   sb = np.asarray(t.scale_inner).astype(np.float32).reshape(6, 4, 8).max(-1)
-  nonzero = np.abs(x).reshape(6, 4, 128).max(-1) > 0
+  nonzero = np.abs(x).reshape(6, 4, 128).max(-1) > 2688 * 1.01 * np.finfo(np.float32).tiny
   np.testing.assert_array_equal(sb[nonzero], 448.0)
   # Dequantized values: q * s_in * s_out, in float64 (exact for these few bits).
   want = ref.decode_codes(codes) * np.repeat(s_in.astype(np.float64), 16, -1) * np.repeat(s_out, 128, -1)
   np.testing.assert_allclose(np.asarray(tj.dequantize(t)), want.astype(np.float32), rtol=2**-23, atol=0)
+
+
+def near_decision_points(rng, rows: int) -> np.ndarray:
+  """Blocks whose elements sit on and a few ulps around the scaled E2M1
+  midpoints and grid values (x = t s, then +-0..3 ulps), with every
+  sub-block's max kept so the scales are those of the unperturbed data."""
+  x = rng.standard_normal((rows, 512)).astype(np.float32) * np.float32(np.exp2(rng.integers(-20, 20)))
+  _, s_in, s_out = ref.nvfp4_block(x)
+  s = np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(np.float32), 16, -1)
+  pts = np.concatenate([ref.E2M1_VALUES[1:], (ref.E2M1_VALUES[1:] + ref.E2M1_VALUES[:-1]) / 2])
+  t = pts[rng.integers(0, len(pts), x.shape)]
+  y = (t * s.astype(np.float64)).astype(np.float32)
+  y = (y.view(np.int32) + rng.integers(-3, 4, x.shape).astype(np.int32)).view(np.float32)
+  y = np.where(rng.random(x.shape) < 0.5, -y, y)
+  sub_max = np.abs(x).reshape(rows, -1, 16).max(-1, keepdims=True)
+  is_max = (np.abs(x).reshape(rows, -1, 16) == sub_max).reshape(x.shape)
+  keep = is_max | (np.abs(y).reshape(rows, -1, 16) >= sub_max).reshape(x.shape)
+  return np.where(keep, x, y).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nvfp4_near_decision_points_bitwise(rng, mode):
+  """Products x r at and within 3 ulps of every decision point: RNE of the
+  float32 product, ties to even, bitwise the reference's."""
+  x = near_decision_points(rng, 64)
+  t = run(tj.quantize_nvfp4, mode, jnp.asarray(x))
+  codes, s_in, s_out = ref.nvfp4_block(x)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner).astype(np.float32), s_in)
+  np.testing.assert_array_equal(codes_of(t), codes)
+  v = np.abs(ref.scaled(x, np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(np.float32), 16, -1)))
+  mids = (ref.E2M1_VALUES[1:] + ref.E2M1_VALUES[:-1]) / 2
+  assert np.isin(v, mids).sum() > 100, "test data must hit exact ties of x r"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "wide_range"])
+def test_nvfp4_bf16_input_bitwise(rng, kind, mode):
+  """bfloat16 inputs quantize as their (exact) float32 values."""
+  x = _data(kind, rng, (8, 384)).astype(ml_dtypes.bfloat16)
+  t = run(tj.quantize_nvfp4, mode, jnp.asarray(x))
+  codes, s_in, s_out = ref.nvfp4_block(x.astype(np.float32))
+  np.testing.assert_array_equal(codes_of(t), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner).astype(np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "bf16_values", "zero_blocks", "saturation",
+                                  "subnormal_scale"])
+def test_nvfp4_stochastic_bitwise(rng, key, kind, mode):
+  """SR codes equal the reference's, bit for bit: the same documented
+  counter-based generator (seeded from the key) and the rule "step up iff
+  (bits + 1/2) 2^-16 < p" on v = fp32(x r)."""
+  x = _data(kind, rng, (6, 512))
+  t = run(lambda v, k: tj.quantize_nvfp4(v, rounding="stochastic", key=k), mode, jnp.asarray(x), key)
+  seed = int(jax.random.bits(key, (), jnp.uint32))
+  codes, s_in, s_out = ref.nvfp4_block(x, seed=seed)
+  np.testing.assert_array_equal(codes_of(t), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner).astype(np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+
+
+def test_nvfp4_stochastic_canonical_rows(rng, key):
+  """The random bits follow the canonical layout (quantized axis last, leading
+  axes flattened into rows), whatever the axis and rank."""
+  x = rng.standard_normal((3, 200, 5)).astype(np.float32)
+  t = tj.quantize_nvfp4(jnp.asarray(x), axis=1, rounding="stochastic", key=key)
+  xc = np.pad(np.moveaxis(x, 1, -1), [(0, 0), (0, 0), (0, 56)]).reshape(15, 256)
+  codes, _, _ = ref.nvfp4_block(xc, seed=int(jax.random.bits(key, (), jnp.uint32)))
+  np.testing.assert_array_equal(codes_of(t).reshape(15, 256), codes)
 
 
 def test_nvfp4_saturates_at_six():
@@ -251,8 +308,8 @@ def test_nvfp4_saturates_at_six():
   t = tj.quantize_nvfp4(jnp.asarray(x))
   codes, _, _ = ref.nvfp4_block(x)
   np.testing.assert_array_equal(codes_of(t), codes)
-  v = x[0, 16:32] / (np.asarray(t.scale_inner).astype(np.float32)[0, 1] * float(t.scale_outer[0, 0]))
-  assert v.max() > 6.0, "test data must push |x/s| past 6"
+  v = ref.scaled(x[0, 16:32], np.asarray(t.scale_inner).astype(np.float32)[0, 1] * np.asarray(t.scale_outer)[0, 0])
+  assert v.max() > 6.0, "test data must push |x r| past 6"
   assert (ref.decode_codes(codes_of(t))[0, 16:32] == 6.0).sum() >= 1
 
 
@@ -347,12 +404,12 @@ def test_sr_neighbours_and_not_degenerate(rng, key):
   # Same scales as RTN (SR changes only the element rounding).
   np.testing.assert_array_equal(np.asarray(sr1.scale_inner).astype(np.float32),
                                 np.asarray(rtn.scale_inner).astype(np.float32))
-  s = np.repeat(np.asarray(rtn.scale_inner).astype(np.float64), 16, -1) * np.repeat(
+  s = np.repeat(np.asarray(rtn.scale_inner).astype(np.float32), 16, -1) * np.repeat(
       np.asarray(rtn.scale_outer), 128, -1)
-  v = x / s.astype(np.float32)
+  v = np.minimum(np.abs(ref.scaled(x, s)), 6.0)
   grid = ref.E2M1_VALUES
-  lo = grid[np.searchsorted(grid, np.abs(v), side="right") - 1]
-  hi = grid[np.minimum(np.searchsorted(grid, np.abs(v), side="right"), 7)]
+  lo = grid[np.searchsorted(grid, v, side="right") - 1]
+  hi = grid[np.minimum(np.searchsorted(grid, v, side="right"), 7)]
   q1 = np.abs(ref.decode_codes(codes_of(sr1)))
   assert np.all((q1 == lo) | (q1 == hi)), "SR must pick one of the two neighbouring grid values"
   # Never more than one grid step from RTN.
@@ -363,7 +420,8 @@ def test_sr_neighbours_and_not_degenerate(rng, key):
 
 
 def test_sr_unbiased(key):
-  """E[SR(v)] = v, by a z-test on every grid interval.
+  """E[SR(v)] = v (to the 2^-17 gap resolution of 16 random bits, far below
+  the test's sensitivity), by a z-test on every grid interval.
 
   For each tested value v, n draws of Bernoulli(p) give mean error with std
   gap*sqrt(p(1-p)/n). We test 64 values at |z| < 4.5: the family-wise false-
@@ -383,6 +441,56 @@ def test_sr_unbiased(key):
   std = gap * np.sqrt(np.maximum(p * (1 - p), 1e-12) / n)
   z = (mean - v) / np.maximum(std, 1e-12)
   assert np.all(np.abs(z) < 4.5), f"SR biased: max |z| = {np.abs(z).max():.2f}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sr_probability_resolution_is_2_to_minus_16(mode):
+  """Over all 2^16 random-bit values, v = lo + p gap steps up exactly
+  #{k : (k + 1/2) 2^-16 < p} times: P(up) has resolution 2^-16 (16 random bits)
+  and is within 2^-17 of p. Probabilities 2^-16 apart give different counts,
+  a value on the grid never steps up, saturated values never do."""
+  bits = jnp.arange(2**16, dtype=jnp.uint32)
+  grid = ref.E2M1_VALUES
+  cases = []
+  for lo_i in range(7):
+    gap = grid[lo_i + 1] - grid[lo_i]
+    for m in (0, 1, 2, 3, 4097, 32767, 32768, 65534, 65535):
+      for frac in (0.25, 0.75):
+        p = (m + frac) / 2**16
+        if p < 1:
+          cases.append((lo_i, np.float32(grid[lo_i] + p * gap)))  # exact in float32
+  v = np.array([c[1] for c in cases], np.float32)
+  fn = lambda v, b: nm.e2m1.stochastic_index(v[:, None], b[None, :])
+  idx = np.asarray(run(fn, mode, jnp.asarray(v), bits))
+  lo_i = np.array([c[0] for c in cases])
+  assert np.all((idx == lo_i[:, None]) | (idx == lo_i[:, None] + 1))
+  ups = (idx > lo_i[:, None]).sum(1)
+  gap = grid[lo_i + 1] - grid[lo_i]
+  p = (v.astype(np.float64) - grid[lo_i]) / gap
+  want = np.array([np.sum(np.arange(2**16) + 0.5 < q * 2**16) for q in p])
+  np.testing.assert_array_equal(ups, want)
+  assert np.all(np.abs(ups / 2**16 - p) <= 2.0**-17)
+  on_grid = np.asarray(run(fn, mode, jnp.asarray(grid.astype(np.float32)), bits))
+  np.testing.assert_array_equal(on_grid, np.broadcast_to(np.arange(8)[:, None], on_grid.shape))
+  sat = np.asarray(run(fn, mode, jnp.asarray(np.array([6.5, 1e30, np.inf], np.float32)), bits))
+  assert np.all(sat == 7)
+
+
+def test_counter_generator_bits():
+  """The generator gives 16 flat bits per element (chi-square over the 256
+  values of each byte), two per hash, distinct streams per row and seed, and
+  it is the documented formula (the NumPy re-implementation)."""
+  bits = np.asarray(jax.jit(nm.counter_rng.element_bits, static_argnums=1)(jnp.uint32(7), (512, 512)))
+  np.testing.assert_array_equal(bits, ref.counter_bits(7, 512, 512))
+  assert bits.max() < 2**16 and bits.dtype == np.uint32
+  for byte in (bits & 0xFF, bits >> 8):
+    counts = np.bincount(byte.ravel(), minlength=256)
+    expected = bits.size / 256
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 380, f"chi2={chi2:.1f} (255 dof; P(chi2 > 380) < 1e-6)"
+  assert len(np.unique(bits[:, 0::2] | (bits[:, 1::2] << 16))) > 0.99 * bits.size / 2  # 2^17 of 2^32
+  other = np.asarray(nm.counter_rng.element_bits(jnp.uint32(8), (512, 512)))
+  assert np.mean(other == bits) < 1e-3
 
 
 # ---------------------------------------------------------------- RHT
@@ -472,13 +580,44 @@ def test_nonfinite_propagates_to_its_block_only(rng, bad):
   assert np.all(np.isnan(ts)), "tensor scaling: one scale, the whole tensor is NaN"
 
 
-def test_check_numerics_raises_under_jit():
-  x = jnp.ones((2, 128)).at[0, 3].set(jnp.nan)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("quantize", [tj.quantize_nvfp4, tj.quantize_mxfp8])
+def test_check_numerics_raises_nonfinite_error_eagerly(quantize, bad):
+  x = jnp.ones((2, 128)).at[0, 3].set(bad)
+  with pytest.raises(tj.NonFiniteError, match="NaN or Inf"):
+    with tj.check_numerics():
+      quantize(x)
   with tj.check_numerics():
-    f = jax.jit(lambda v: tj.quantize_nvfp4(v).codes)
-    with pytest.raises(Exception, match="NaN or Inf"):
+    quantize(jnp.ones((2, 128)))  # finite: fine
+  quantize(x)  # checking off: NaN propagates into the block's scale, no error
+
+
+@pytest.mark.parametrize("quantize", [tj.quantize_nvfp4, tj.quantize_mxfp8])
+def test_check_numerics_raises_nonfinite_error_under_jit(quantize):
+  x = jnp.ones((2, 128)).at[0, 3].set(jnp.nan)
+  f = jax.jit(lambda v: quantize(v).scale_inner if quantize is tj.quantize_nvfp4 else quantize(v).data)
+  with pytest.raises(tj.NonFiniteError, match="NaN or Inf"):  # awaited inside the context
+    with tj.check_numerics():
       jax.block_until_ready(f(x))
-    np.asarray(jax.jit(lambda v: tj.quantize_nvfp4(v).codes)(jnp.ones((2, 128))))  # finite: fine
+  g = jax.jit(lambda v: jnp.sum(quantize(v * 2.0).dequantize()))
+  with pytest.raises(tj.NonFiniteError, match="NaN or Inf"):  # not awaited: raised when the context exits
+    with tj.check_numerics():
+      g(x)
+  with tj.check_numerics():
+    jax.block_until_ready(g(jnp.ones((2, 128))))  # finite: fine (and no stale error from before)
+
+
+@pytest.mark.parametrize("shape,axis", [((0, 128), -1), ((0, 128), 0), ((4, 0), -1), ((0,), 0), ((2, 0, 3), 1)])
+def test_empty_inputs(shape, axis):
+  x = jnp.zeros(shape, jnp.float32)
+  for t in (tj.quantize_nvfp4(x, axis=axis), tj.quantize_mxfp8(x, axis=axis),
+            tj.quantize_nvfp4(x, axis=axis, scaling="tensor"),
+            tj.quantize_nvfp4(x, axis=axis, rounding="stochastic", key=jax.random.key(0)),
+            jax.jit(lambda v: tj.quantize_nvfp4(v, axis=axis))(x)):
+    y = tj.dequantize(t)
+    assert y.shape == shape and y.dtype == jnp.float32
+  if len(shape) == 2:
+    assert tj.dequantize(tj.quantize_nvfp4(x, block_2d=True, scaling="tensor")).shape == shape
 
 
 # ---------------------------------------------------------------- property-based fuzzing

@@ -8,8 +8,10 @@ tests run the compiled kernel on the H200 at real shapes.
 What is exact and what is not: the kernel's transform y = (1/4) H16 D x
 (tensor cores, exact products, FP32 accumulation) equals random_hadamard_16's
 butterfly up to FP32 accumulation order, so y is checked within a few ulps;
-the scales are then checked bitwise against quantize_nvfp4 applied to the
-kernel's own y, and every code against the two E2M1 neighbours of y / s.
+the scales and the stochastically rounded codes are then checked bitwise
+against quantize_nvfp4 applied to the kernel's own y (both draw their bits
+from the counter-based generator, seeded with counter_rng.sr_seed(key)), and
+against the NumPy reference.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import numpy as np
 import pytest
 
 from pallas_kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr
-from pallas_kernels.nvfp4_quantize_backward import element_uniform, row_keys, transform_matrix
+from pallas_kernels.nvfp4_quantize_backward import row_keys, transform_matrix
 from tests import numpy_reference as ref
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, unpack_e2m1)
+from tetrajet_jax.numerics.counter_rng import sr_seed
 
 GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -44,8 +47,9 @@ def _codes(t):
   return np.asarray(unpack_e2m1(t.codes))
 
 
-def check_tensor(t, y, x_lines, key, *, qs=None):
-  """All contracts for one kernel output on canonical lines x_lines [rows, Kp] (rows quantized along -1)."""
+def check_tensor(t, y, x_lines, key, sr_key, *, qs=None):
+  """All contracts for one kernel output on canonical lines x_lines [rows, Kp]
+  (rows quantized along -1), made with seed sr_seed(sr_key)."""
   y = np.asarray(y)
   # 1. The transform: random_hadamard_16 up to FP32 accumulation order.
   yr = np.asarray(random_hadamard_16(x_lines.astype(jnp.float32), key, axis=-1))
@@ -57,14 +61,19 @@ def check_tensor(t, y, x_lines, key, *, qs=None):
   chunk_max = np.abs(np.where(finite, yr, 0)).reshape(yr.shape[0], -1, 16).max(-1, keepdims=True)
   tol = np.broadcast_to(chunk_max * 2.0**-20, (yr.shape[0], yr.shape[1] // 16, 16)).reshape(yr.shape)
   assert np.all(np.abs(np.where(finite, y - yr, 0)) <= tol), "RHT differs from random_hadamard_16"
-  # 2. Scales: bitwise those of the XLA quantizer on the kernel's own transformed values.
-  r = quantize_nvfp4(jnp.asarray(y), axis=-1)
+  # 2. Codes and scales: bitwise those of the XLA quantizer (same generator, same
+  # seed) on the kernel's own transformed values, and of the NumPy reference.
+  r = quantize_nvfp4(jnp.asarray(y), axis=-1, rounding="stochastic", key=sr_key)
   np.testing.assert_array_equal(np.asarray(t.scale_outer), np.asarray(r.scale_outer))
   np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), np.asarray(r.scale_inner, np.float32))
-  # 3. Codes: one of the two E2M1 neighbours of v = y / s (the exact grid value when v is on the grid).
-  s = np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1)
-  with np.errstate(invalid="ignore"):
-    v = (y / s).astype(np.float32)
+  np.testing.assert_array_equal(_codes(t), _codes(r))
+  codes, s_in, s_out = ref.nvfp4_block(y, seed=int(sr_seed(sr_key)))
+  np.testing.assert_array_equal(_codes(t), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+  # 3. Codes: one of the two E2M1 neighbours of v = y r (the exact grid value when v is on the grid).
+  s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))
+  v = ref.scaled(y, s.astype(np.float32))
   ok_block = np.isfinite(s)
   q = np.asarray(decode_e2m1(unpack_e2m1(t.codes)))
   a = np.minimum(np.abs(np.where(ok_block, v, 0)), 6.0)
@@ -80,13 +89,12 @@ def check_tensor(t, y, x_lines, key, *, qs=None):
     np.testing.assert_array_equal(np.asarray(qs).view(np.uint16), np.asarray(nvfp4_bf16_operand(t)[0]).view(np.uint16))
 
 
-
 def _assert_sr_unbiased(t, y, n: int) -> np.ndarray:
   """z-test of E[|decode(code)|] = |y/s| per column over n identical rows (|z| < 4.5); returns |q|."""
   y = np.asarray(y)
   assert np.all(y == y[:1])
   s = (np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1))[0]
-  v = np.minimum(np.abs((y[0] / s).astype(np.float64)), 6.0)  # beyond 6 saturates
+  v = np.minimum(np.abs(ref.scaled(y[0], s.astype(np.float32)).astype(np.float64)), 6.0)  # beyond 6 saturates
   q = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes)), np.float64))
   lo_i = np.searchsorted(GRID, v, side="right") - 1
   gap = GRID[np.minimum(lo_i + 1, 7)] - GRID[lo_i]
@@ -101,10 +109,11 @@ def test_backward_quantizer_interpret(rng, key, dtype):
   """axis=-1 on [64, 256] and axis=0 on its transpose: all contracts, and both give the same tensor."""
   xl = hard_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
   signs = hadamard_signs(key)
-  seed = jnp.uint32(12345)
+  sr_key = jax.random.fold_in(key, 1)
+  seed = sr_seed(sr_key)
   t, qs, y = quantize_nvfp4_rht_sr(xl, signs, seed, axis=-1, emit_operand=True, emit_transformed=True,
                                    interpret=True)
-  check_tensor(t, y, xl, key, qs=qs)
+  check_tensor(t, y, xl, key, sr_key, qs=qs)
   r = quantize_nvfp4(random_hadamard_16(xl, key, axis=-1), axis=-1, rounding="stochastic", key=key)
   assert (t.shape, t.axis, t.scaling, t.block_2d) == (r.shape, r.axis, r.scaling, r.block_2d)
   assert (t.codes.shape, t.codes.dtype, t.scale_inner.shape, t.scale_inner.dtype, t.scale_outer.shape) == (
@@ -128,10 +137,11 @@ def test_backward_quantizer_interpret(rng, key, dtype):
 def test_axis0_pads_tokens_interpret(rng, key):
   """Tokens not a multiple of 128 are zero-padded, as the linear layer pads them."""
   x = hard_input(rng, (200, 64), jnp.bfloat16)
-  t, y = quantize_nvfp4_rht_sr(x, hadamard_signs(key), jnp.uint32(3), axis=0, emit_transformed=True,
+  sr_key = jax.random.fold_in(key, 3)
+  t, y = quantize_nvfp4_rht_sr(x, hadamard_signs(key), sr_seed(sr_key), axis=0, emit_transformed=True,
                                interpret=True)
   xp = jnp.pad(x, ((0, 56), (0, 0)))
-  check_tensor(t, y, xp.T, key)
+  check_tensor(t, y, xp.T, key, sr_key)
   assert t.shape == (200, 64) and t.codes.shape == (64, 128)
 
 
@@ -160,18 +170,11 @@ def test_sr_unbiased_and_seeded_interpret(rng, key):
   np.testing.assert_array_equal(np.asarray(t3.codes), np.asarray(t.codes))
 
 
-def test_generator_uniform():
-  """The counter-based uniforms: in [0, 1), 23-bit grid, flat (chi-square over 64 bins), distinct per row."""
-  keys = row_keys(jnp.uint32(7), 512)
-  cols = jnp.arange(512, dtype=jnp.uint32)
-  u = np.asarray(jax.jit(element_uniform)(keys[:, None], cols[None, :]), np.float64)
-  assert u.min() >= 0.0 and u.max() < 1.0
-  assert np.all(u * 2**23 == np.floor(u * 2**23))
-  counts = np.histogram(u, bins=64, range=(0, 1))[0]
-  expected = u.size / 64
-  chi2 = ((counts - expected) ** 2 / expected).sum()
-  assert chi2 < 140, f"chi2={chi2:.1f} (63 dof; P(chi2 > 140) < 1e-7)"
-  assert len(np.unique(u)) > 0.98 * u.size  # 2^18 draws of 2^23 values: ~1.6% birthday repeats
+def test_generator_row_keys():
+  """The kernel's row keys are the generator's (counter_rng), distinct per seed."""
+  np.testing.assert_array_equal(np.asarray(row_keys(jnp.uint32(7), 64)),
+                                ref.fmix32((ref.fmix32(np.uint64(7) ^ 0x9E3779B9)
+                                            + ref.fmix32(np.arange(64, dtype=np.uint64) ^ 0x7F4A7C15)) & 0xFFFFFFFF))
   assert not np.array_equal(np.asarray(row_keys(jnp.uint32(7), 8)), np.asarray(row_keys(jnp.uint32(8), 8)))
 
 
@@ -233,10 +236,11 @@ def test_can_use_backward_quantizer():
 def test_backward_quantizer_gpu(rng, key, dtype, shape):
   xl = hard_input(rng, shape, dtype, nonfinite=True)
   signs = hadamard_signs(key)
-  seed = jnp.uint32(99)
+  sr_key = jax.random.fold_in(key, 99)
+  seed = sr_seed(sr_key)
   f = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=-1, emit_operand=True, emit_transformed=True))
   t, qs, y = f(xl)
-  check_tensor(t, y, xl, key, qs=qs)
+  check_tensor(t, y, xl, key, sr_key, qs=qs)
   f0 = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=0, emit_transformed=True))
   t0, y0 = f0(xl.T)
   np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))

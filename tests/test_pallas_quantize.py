@@ -13,18 +13,19 @@ import numpy as np
 import pytest
 
 from pallas_kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
-from tetrajet_jax.numerics import nvfp4_bf16_operand
+from tests import numpy_reference as ref
+from tetrajet_jax.numerics import nvfp4_bf16_operand, unpack_e2m1
 
 
 def _bits(a):
   return np.asarray(a).view(np.uint8)
 
 
-def assert_same_tensor(t, ref):
-  np.testing.assert_array_equal(_bits(t.codes), _bits(ref.codes))
-  np.testing.assert_array_equal(_bits(t.scale_inner), _bits(ref.scale_inner))
-  np.testing.assert_array_equal(_bits(t.scale_outer), _bits(ref.scale_outer))
-  assert (t.shape, t.axis, t.scaling, t.block_2d) == (ref.shape, ref.axis, ref.scaling, ref.block_2d)
+def assert_same_tensor(t, want):
+  np.testing.assert_array_equal(_bits(t.codes), _bits(want.codes))
+  np.testing.assert_array_equal(_bits(t.scale_inner), _bits(want.scale_inner))
+  np.testing.assert_array_equal(_bits(t.scale_outer), _bits(want.scale_outer))
+  assert (t.shape, t.axis, t.scaling, t.block_2d) == (want.shape, want.axis, want.scaling, want.block_2d)
 
 
 def hard_input(rng, shape, dtype):
@@ -34,7 +35,21 @@ def hard_input(rng, shape, dtype):
   x[1, :16] = 1e-30  # sub-block far below the block max: s_in rounds to 0 -> 2^-9
   x[1, 16] = 1e4
   x[2, 128:256] = np.array([6.0, 5.0, 0.75, 0.25, 1.25, 2.5, 3.5, -1.75] * 16)  # RNE ties after scaling
-  return jnp.asarray(x.astype(np.float32)).astype(dtype)
+  # Elements on and an ulp around the scaled decision points (x r near a tie):
+  # a block whose max is 6 * 448 * s_out, so its inner scales are 448 * s_out.
+  x[3, 128:256] = rng.choice([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 3.0], 128) * (1000.0 / 6.0)
+  x[3, 128::16][:8] = 1000.0
+  x = x.astype(np.float32)
+  x[3, 128:256] = (x[3, 128:256].view(np.int32) + rng.integers(-1, 2, 128).astype(np.int32)).view(np.float32)
+  return jnp.asarray(x).astype(dtype)
+
+
+def assert_reference(t, x):
+  """Codes and scales bitwise the NumPy reference's (the element rule written independently)."""
+  codes, s_in, s_out = ref.nvfp4_block(np.asarray(jnp.asarray(x, jnp.float32)))
+  np.testing.assert_array_equal(np.asarray(unpack_e2m1(t.codes)), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
 
 
 @pytest.mark.parametrize("k_splits", [1, 2])  # one CTA per row block, or the K loop cut in two
@@ -42,9 +57,10 @@ def hard_input(rng, shape, dtype):
 def test_rtn_bitwise_interpret(rng, dtype, k_splits):
   x = hard_input(rng, (64, 256), dtype)
   t, qs = quantize_nvfp4_rtn(x, emit_operand=True, k_splits=k_splits, interpret=True)
-  ref = quantize_nvfp4_rtn_reference(x)
-  assert_same_tensor(t, ref)
-  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
+  want = quantize_nvfp4_rtn_reference(x)
+  assert_same_tensor(t, want)
+  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(want)[0]))
+  assert_reference(t, x)
 
 
 def test_rtn_nonfinite_blocks_marked_nan_interpret(rng):
@@ -56,6 +72,7 @@ def test_rtn_nonfinite_blocks_marked_nan_interpret(rng):
   assert np.isnan(so[3, 0]) and np.isnan(so[4, 1])
   assert np.isfinite(so[3, 1]) and np.isfinite(so[4, 0])
   assert_same_tensor(t, quantize_nvfp4_rtn_reference(jnp.asarray(x)))
+  assert_reference(t, x)
 
 
 def test_rtn_rejects_bad_shapes():
@@ -81,9 +98,10 @@ def test_can_use_is_false_off_hopper():
 def test_rtn_bitwise_gpu(rng, dtype, shape):
   x = hard_input(rng, shape, dtype)
   t, qs = jax.jit(lambda v: quantize_nvfp4_rtn(v, emit_operand=True))(x)
-  ref = jax.jit(quantize_nvfp4_rtn_reference)(x)
-  assert_same_tensor(t, ref)
-  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(ref)[0]))
+  want = jax.jit(quantize_nvfp4_rtn_reference)(x)
+  assert_same_tensor(t, want)
+  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(want)[0]))
+  assert_reference(t, x)
   assert can_use_pallas_quantizer(shape, dtype)
 
 

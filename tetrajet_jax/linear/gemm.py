@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
+from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand)
 
 GemmMode = Literal["exact", "fast", "pallas"]
@@ -98,16 +98,16 @@ def pallas_rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, 
   """The fused Pallas backward quantizer (RHT-16 + double-block scales + SR in
   one pass) where it runs (Hopper, supported shape), else None.
 
-  Same transform and scales as quantize_nvfp4(random_hadamard_16(x, rht_key,
-  axis=axis), rounding="stochastic"); the rounding draws come from the
-  kernel's own counter-based generator seeded from sr_key, not from
-  jax.random, so the codes are an equally distributed, different sample.
+  Same transform, scales and random bits as quantize_nvfp4(random_hadamard_16(x,
+  rht_key, axis=axis), rounding="stochastic", key=sr_key): both draw from the
+  counter-based generator (numerics.counter_rng) seeded with sr_seed(sr_key),
+  so the codes agree bitwise wherever the transformed values do (the kernel's
+  transform differs from the XLA butterfly only in FP32 accumulation order).
   """
   kernels = _pallas_kernels()
   if kernels is None or not kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis):
     return None
-  seed = jax.random.bits(sr_key, (), jnp.uint32)
-  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), seed, axis=axis)
+  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), counter_rng.sr_seed(sr_key), axis=axis)
 
 
 def gemm_nt(a: Operand, b: Operand, *, mode: GemmMode = "fast", out_dtype=jnp.bfloat16) -> jax.Array:

@@ -1,5 +1,6 @@
 """Numerics core: element and scale formats, NVFP4/MXFP8 quantizers, RHT-16."""
 
+from tetrajet_jax.numerics import counter_rng
 from tetrajet_jax.numerics.checks import NonFiniteError, check_numerics
 from tetrajet_jax.numerics.e2m1 import (E2M1_GRID, E2M1_MAX, decode_e2m1, pack_e2m1, round_e2m1_nearest,
                                         round_e2m1_stochastic, unpack_e2m1)

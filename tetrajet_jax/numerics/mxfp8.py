@@ -57,7 +57,10 @@ def quantize_mxfp8(x: jax.typing.ArrayLike, *, axis: int = -1) -> MXFP8Tensor:
   """
   x = checks.as_float_input(x, "quantize_mxfp8")
   axis = checks.normalize_axis(axis, x.ndim, "quantize_mxfp8")
-  return _quantize_mxfp8(x, axis=axis, check=checks.numerics_checking_enabled())
+  check = checks.numerics_checking_enabled()
+  if check:
+    checks.check_concrete_input(x, "quantize_mxfp8")
+  return _quantize_mxfp8(x, axis=axis, check=check)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "check"))

@@ -2,6 +2,11 @@
 double-block FP32 outer scales (TetraJet-v2) or one FP32 scale per tensor
 (NVIDIA's recipe). Spec: shared/spec/TETRAJET_V2.md sections 1 and 5.
 
+Element rule: s = fp32(s_in * s_out), r = fp32(1 / s) correctly rounded once
+per 16-block, q = round_E2M1(fp32(x * r)) saturating at +-6: elements are
+multiplied by their block's reciprocal, never divided (see e2m1 for RTN and
+stochastic rounding, counter_rng for the random bits).
+
 Storage layout ("canonical"): the quantized axis is moved last and zero-padded
 to a multiple of 128 (1-D blocks) so every block is complete; for 16x16 (2-D)
 blocks the other axis is padded too. Dequantization crops the padding and
@@ -19,10 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tetrajet_jax.numerics import checks
-from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, nearest_index_of_quotient, pack_e2m1,
-                                        quotient_thresholds, stochastic_index_of_quotient, unpack_e2m1, with_sign)
-from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL, div_by_constant, div_rn, round_to_e4m3
+from tetrajet_jax.numerics import checks, counter_rng
+from tetrajet_jax.numerics.e2m1 import (E2M1_MAX, decode_e2m1, flush_subnormal, nearest_index, pack_e2m1,
+                                        stochastic_index, unpack_e2m1, with_sign)
+from tetrajet_jax.numerics.scales import (E4M3_MAX, E4M3_MIN_SUBNORMAL, div_by_constant, div_rn, reciprocal_rn,
+                                          round_to_e4m3)
 
 INNER_BLOCK = 16
 OUTER_BLOCK = 128
@@ -145,7 +151,8 @@ def quantize_nvfp4(
     axis: the axis the 1x16 / 1x128 groups run along. Lengths that are not a
       multiple of 128 are zero-padded internally and cropped on dequantize.
     rounding: "nearest" (ties to even) or "stochastic" (unbiased; needs key).
-    key: JAX PRNG key for stochastic rounding.
+    key: JAX PRNG key for stochastic rounding: it seeds the counter-based
+      generator (counter_rng.sr_seed), 16 random bits per element.
     scaling: "block" = TetraJet-v2 double-block (1x16 E4M3 inside 1x128 FP32);
       "tensor" = NVIDIA's recipe (1x16 E4M3 under one FP32 scale per tensor).
     block_2d: 16x16 inner blocks (weights in NVIDIA's recipe, so W and W^T
@@ -170,8 +177,10 @@ def quantize_nvfp4(
     raise ValueError("quantize_nvfp4: rounding='stochastic' needs a PRNG key (key=jax.random.key(...)).")
   if block_2d and x.ndim != 2:
     raise ValueError(f"quantize_nvfp4: block_2d=True needs a 2-D array, got shape {x.shape}.")
-  return _quantize_nvfp4(x, key, axis=axis, rounding=rounding, scaling=scaling, block_2d=block_2d,
-                         check=checks.numerics_checking_enabled())
+  check = checks.numerics_checking_enabled()
+  if check:
+    checks.check_concrete_input(x, "quantize_nvfp4")
+  return _quantize_nvfp4(x, key, axis=axis, rounding=rounding, scaling=scaling, block_2d=block_2d, check=check)
 
 
 # Jitted so eager callers get one compiled kernel instead of op-by-op
@@ -199,7 +208,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(amax_out, fin_out, "block")  # [R/128, K/128]
       s_out_in = jnp.repeat(jnp.repeat(s_out, 8, 0), 8, 1)  # per inner tile
     else:
-      s_out = _outer_scale(ax.max(), finite.all(), "tensor")
+      s_out = _outer_scale(ax.max(initial=0.0), finite.all(), "tensor")  # initial: empty inputs
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [R/16, K/16]
     per_element = lambda v: jnp.repeat(jnp.repeat(v, 16, 0), 16, 1)  # [R/16, K/16] -> [R, K]
@@ -212,20 +221,20 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(amax_out, fin_out, "block")
       s_out_in = jnp.repeat(s_out, 8, axis=-1)  # [..., K/16]
     else:
-      s_out = _outer_scale(ax.max(), finite.all(), "tensor")
+      s_out = _outer_scale(ax.max(initial=0.0), finite.all(), "tensor")  # initial: empty inputs
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [..., K/16]
     per_element = lambda v: jnp.repeat(v, 16, axis=-1)  # [..., K/16] -> [..., K]
 
-  s_block = s_in * s_out_in  # the element scale of each inner block
-  # The element rounding needs no quotient: exact compares of |x| against the
-  # scaled decision points (e2m1.quotient_thresholds). The barrier keeps XLA's
-  # CPU compile time bounded (see div_rn).
-  if rounding == "nearest":  # RNE of the IEEE quotient x / s, bitwise
-    idx = nearest_index_of_quotient(ax, quotient_thresholds(s_block), per_element)
-  else:  # SR from the IEEE quotient's lower neighbour, P(up) within 2^-22
-    u = jax.random.uniform(key, xc.shape, jnp.float32)
-    idx = stochastic_index_of_quotient(ax, u, quotient_thresholds(s_block, "grid"), per_element)
+  # The element rule: one correctly rounded reciprocal per 16-block, then a
+  # multiplication per element (no division). The barriers keep XLA's CPU
+  # compile time bounded (see scales.div_rn).
+  recip = lax.optimization_barrier(reciprocal_rn(s_in * s_out_in))  # r = fp32(1 / s) per inner block
+  v = flush_subnormal(ax) * per_element(recip)  # |x| r in float32
+  if rounding == "nearest":
+    idx = nearest_index(v)
+  else:
+    idx = stochastic_index(v, counter_rng.element_bits(counter_rng.sr_seed(key), xc.shape))
   codes = with_sign(lax.optimization_barrier(idx), xc < 0)
   return NVFP4Tensor(
       codes=pack_e2m1(codes),

@@ -31,7 +31,8 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False) -> jax.Array:
   (up to 2 ulp; about a quarter of quotients are 1 ulp off, even a / a != 1),
   Mosaic GPU kernels get an approximate division as well, and XLA's simplifier
   rewrites `x / c` as `x * (1 / c)` and merges chained divisions. The spec's
-  scales and element rounding are defined with IEEE division. A float64
+  per-block scale arithmetic (amax / 448 / 6, amax_16 / s_out / 6, and the
+  reciprocal 1 / s the elements are multiplied by) is IEEE division. A float64
   quotient is no way out either: XLA's GPU pipeline narrows convert(f64
   divide) of widened f32 operands back to an f32 divide under jit.
 
@@ -46,7 +47,7 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False) -> jax.Array:
   special cases of y.
 
   No optimization barrier here: the quantizer (nvfp4.py) puts one on each
-  scale and on the element quotients, which is what XLA's CPU compiler needs
+  scale and on the element indices, which is what XLA's CPU compiler needs
   to finish compiling the fused quantize -> dequantize -> bf16 GEMM (without
   them: minutes, then killed), with fewer fusion boundaries than one barrier
   per division. Pallas kernels call `div_rn_from_estimate(x, y, x / y)`.
@@ -142,6 +143,20 @@ def div_rn_from_estimate(x: jax.Array, y, q0: jax.Array, *, positive_divisor: bo
   out = jnp.where(jnp.where(ey == 255, yb & _u32(_FRAC), _u32(0)) != 0, nan, out)  # x / NaN
   out = jnp.where(jnp.where(ex == 0, ey, 1) == 0, nan, out)  # 0 / 0
   return jnp.where(jnp.where(ex == 255, ey, 0) == 255, nan, out)  # inf / inf
+
+
+def reciprocal_rn(s: jax.Array) -> jax.Array:
+  """fp32(1 / s), correctly rounded, for scales s > 0 (once per block: the
+  elements are then multiplied by it, never divided).
+
+  A scale below the float32 normal range (possible only in blocks whose amax
+  is below about 1e-32) counts as 0, as every subnormal does in the scale
+  arithmetic, and gives +inf; a reciprocal below the normal range (s > 2^126,
+  beyond any scale of a finite input) flushes to 0; NaN gives NaN.
+  """
+  s = jnp.asarray(s, jnp.float32)
+  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True)
+  return jnp.where(s < 2.0**-126, jnp.inf, r)  # single compare feeding a select (Mosaic GPU)
 
 
 def div_by_constant(x: jax.Array, c: float) -> jax.Array:
