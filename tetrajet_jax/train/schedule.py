@@ -168,13 +168,18 @@ def _scaled_start(schedule: Schedule) -> int:
 
 
 def osci_reset_min_steps(schedule: Schedule, *, start: int | None = None) -> int:
-  """The shortest run, with this schedule's proportions (and ``start`` if
-  fixed), that fits OSCI_MIN_RESETS resets at T = 50, P = 200."""
+  """The shortest run that fits OSCI_MIN_RESETS resets at T = 50, P = 200,
+  with ``start`` if fixed, else with the default warmup and t_max
+  (`default_lr_steps`) if this schedule uses them, else with its proportions."""
+  defaults = (schedule.warmup_steps, schedule.t_max) == default_lr_steps(schedule.total_steps)
   n = max(schedule.total_steps, 2)
   while True:
     if start is None:
-      t_max = max(1, round(schedule.t_max / schedule.total_steps * n))
-      warm = min(round(schedule.warmup_steps / schedule.total_steps * n), t_max - 1)
+      if defaults:
+        warm, t_max = default_lr_steps(n)
+      else:
+        t_max = max(1, round(schedule.t_max / schedule.total_steps * n))
+        warm = min(round(schedule.warmup_steps / schedule.total_steps * n), t_max - 1)
       s = _scaled_start(Schedule(total_steps=n, warmup_steps=warm, peak_lr=1.0, t_max_steps=t_max))
     else:
       s = start
