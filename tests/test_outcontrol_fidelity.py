@@ -196,3 +196,20 @@ def test_effective_fraction_in_the_run_config(tmp_path, data):
   assert fractions == qnn.outlier_fractions(trainer.model())
   assert set(fractions.values()) == {13 / 128}  # round(0.1 K) / K at K = 128 and 256 (26 / 256), not 0 or 1/2
   trainer.close()
+
+
+def test_monitor_counts_only_fp4_rows_on_the_forward_grid(rng):
+  from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor  # pylint: disable=import-outside-toplevel
+  layer = _calibrated_layer(rng)
+  params = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
+  tree = qnn.outlier_channels_tree(layer, params)
+  tx = osci_monitor(start_step=0, period=3, window=1, threshold=8.0, param_filter=qnn.quantized_kernel_filter(layer))
+  w = params["kernel"]
+  nudge = (w * 1e-3 * jnp.asarray(rng.choice([-1.0, 1.0], w.shape), jnp.float32)).astype(jnp.float32)
+  _, state = tx.update({"kernel": nudge}, tx.init(params), params, outlier_channels=tree)
+  fp4 = layer.oc_fp4_channels[...]
+  d_q = np.abs(np.asarray(fp4_weight_values(w + nudge, fp4)) - np.asarray(fp4_weight_values(w, fp4)))[np.asarray(fp4)]
+  d_w = np.abs(np.asarray(nudge))[np.asarray(fp4)]
+  want = np.sum((d_w > 0) & (d_q >= 8.0 * d_w)) / d_q.size
+  assert want > 0
+  assert float(find_monitor_state(state).risk_frac) == pytest.approx(want, rel=1e-6)

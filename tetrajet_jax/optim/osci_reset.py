@@ -96,7 +96,15 @@ def _exact_step(p: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
   return d, ok
 
 
-def _leaf_rows(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any]) -> tuple[jax.Array, Any]:
+def outlier_leaves(outlier_channels: Any) -> dict[Path, Any]:
+  """{path: ChannelSplit or int outlier rows} of an `outlier_channels` tree (None leaves dropped)."""
+  if outlier_channels is None:
+    return {}
+  flat = leaves_with_paths(outlier_channels, is_leaf=lambda x: x is None or isinstance(x, ChannelSplit))
+  return {p: v for p, v in flat.items() if v is not None}
+
+
+def leaf_fp4_rows(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any]) -> tuple[jax.Array, Any]:
   """(bool [shape[0]] rows that take part, FP4 rows in the forward's order or None = all rows).
 
   An outlier_channels leaf is a ChannelSplit, or int outlier rows (the FP4
@@ -275,8 +283,7 @@ def osci_reset(
                          f"the tree changed since init.")
     outliers: dict[Path, Any] = {}
     if outlier_channels is not None:
-      outliers = {p: v for p, v in leaves_with_paths(
-          outlier_channels, is_leaf=lambda x: x is None or isinstance(x, ChannelSplit)).items() if v is not None}
+      outliers = outlier_leaves(outlier_channels)
       unknown = [path_name(p) for p in outliers if p not in p_leaves]
       if unknown:
         raise ValueError(f"osci_reset: outlier_channels names paths that are not parameters: {unknown}.")
@@ -291,7 +298,7 @@ def osci_reset(
                       per_leaf(state.num_risky_last), per_leaf(state.num_reset)))
     us = [u_leaves[p] for p in names]
     ps = [p_leaves[p] for p in names]
-    rows = [_leaf_rows(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
+    rows = [leaf_fp4_rows(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
 
     n = state.count
     offset = n - start_step

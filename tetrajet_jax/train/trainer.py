@@ -456,7 +456,7 @@ class Trainer:
       (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
       grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
       extra = {}
-      if oscireset:
+      if oscireset or monitored:
         extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
       updates, opt = tx.update(grads, state["opt"], params, **extra)
       new_params = optax.apply_updates(params, updates)
