@@ -21,6 +21,7 @@ from tetrajet_jax import nn as qnn
 from tetrajet_jax.linear import fp4_weight_values, outlier_count, recipes
 from tetrajet_jax.optim import NVFP4WeightQuantizer, osci_reset
 from tetrajet_jax.train import TrainConfig, TrainData, Trainer
+from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor
 from tests import linear_reference as lref
 from tests import numpy_reference as ref
 
@@ -199,7 +200,6 @@ def test_effective_fraction_in_the_run_config(tmp_path, data):
 
 
 def test_monitor_counts_only_fp4_rows_on_the_forward_grid(rng):
-  from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor  # pylint: disable=import-outside-toplevel
   layer = _calibrated_layer(rng)
   params = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
   tree = qnn.outlier_channels_tree(layer, params)
@@ -208,8 +208,9 @@ def test_monitor_counts_only_fp4_rows_on_the_forward_grid(rng):
   nudge = (w * 1e-3 * jnp.asarray(rng.choice([-1.0, 1.0], w.shape), jnp.float32)).astype(jnp.float32)
   _, state = tx.update({"kernel": nudge}, tx.init(params), params, outlier_channels=tree)
   fp4 = layer.oc_fp4_channels[...]
-  d_q = np.abs(np.asarray(fp4_weight_values(w + nudge, fp4)) - np.asarray(fp4_weight_values(w, fp4)))[np.asarray(fp4)]
-  d_w = np.abs(np.asarray(nudge))[np.asarray(fp4)]
+  rows = np.asarray(fp4)
+  d_q = np.abs(np.asarray(fp4_weight_values(w + nudge, fp4)) - np.asarray(fp4_weight_values(w, fp4)))[rows]
+  d_w = np.abs(np.asarray(nudge))[rows]
   want = np.sum((d_w > 0) & (d_q >= 8.0 * d_w)) / d_q.size
   assert want > 0
   assert float(find_monitor_state(state).risk_frac) == pytest.approx(want, rel=1e-6)

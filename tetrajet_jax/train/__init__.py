@@ -9,8 +9,8 @@ from tetrajet_jax.train.trainer import (NonFiniteLossError, TrainConfig, TrainDa
                                         build_optimizer)
 
 __all__ = [
-    "ARMS", "Arm", "CalibrationWindow", "CheckpointError", "Checkpointer", "MetricsWriter",
-    "NonFiniteLossError", "OsciResetScheduleError", "OsciResetWindows", "Schedule", "TrainConfig", "TrainData", "TrainResult",
-    "Trainer", "build_optimizer", "default_lr_steps", "get_arm", "parse_arms", "read_jsonl", "scaled_calibration",
+    "ARMS", "Arm", "CalibrationWindow", "CheckpointError", "Checkpointer", "MetricsWriter", "NonFiniteLossError",
+    "OsciResetScheduleError", "OsciResetWindows", "Schedule", "TrainConfig", "TrainData", "TrainResult", "Trainer",
+    "build_optimizer", "default_lr_steps", "get_arm", "parse_arms", "read_jsonl", "scaled_calibration",
     "scaled_osci_reset",
 ]
