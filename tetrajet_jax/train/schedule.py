@@ -16,10 +16,10 @@ run with room for fewer than 3 resets is refused
 (`OsciResetScheduleError`, naming the minimum run length) unless the caller
 sets the window and period explicitly.
 
-OutControl calibration: reference steps 501-550 of 12,398, i.e. starting
+OutControl calibration: reference steps 501-550 of 12,505, i.e. starting
 at 4.0% of the run and lasting 0.4% of it; here
-``start = max(1, round(0.0403 * total))``,
-``length = max(4, round(0.00403 * total))``. Layers run pure FP4 before
+``start = max(1, round(501 / 12505 * total))``,
+``length = max(4, round(50 / 12505 * total))``. Layers run pure FP4 before
 the window, accumulate channel statistics during it, and use the frozen
 top-p channels after it.
 """
@@ -45,8 +45,8 @@ OSCI_START_DECAY_PROGRESS = ((REF_OSCI_START - REF_WARMUP_TOKENS / REF_TOKENS_PE
 OSCI_WINDOW = 50
 OSCI_PERIOD = 200
 OSCI_MIN_RESETS = 3
-CALIB_START_FRACTION = 501 / 12398
-CALIB_LENGTH_FRACTION = 50 / 12398
+CALIB_START_FRACTION = 501 / REF_TOTAL_STEPS
+CALIB_LENGTH_FRACTION = 50 / REF_TOTAL_STEPS
 
 
 class OsciResetScheduleError(ValueError):
