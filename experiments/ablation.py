@@ -74,7 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--batch-size", type=int, help="sequences per step (default 8)")
   p.add_argument("--seq-len", type=int, help="tokens per sequence (default 128)")
   p.add_argument("--lr", type=float, help="peak LR (default: the model config's)")
-  p.add_argument("--warmup", type=int, help="warmup steps (default 5%% of the steps)")
+  p.add_argument("--warmup", type=int, help="warmup steps (default 2%% of --t-max)")
+  p.add_argument("--t-max", type=int, help="step where the cosine reaches 0.1x peak, flat after it "
+                 "(default 95.3%% of the steps, the paper's 70M ratio)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--data-seed", type=int, default=0)
   p.add_argument("--data", help="tokenizer/data name for locate_data (default bpe16384); 'demo' builds "
@@ -100,9 +102,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default: 10%% of steps)")
   p.add_argument("--keep-checkpoints", type=int, help="checkpoints kept per arm (0: delete at the end)")
   p.add_argument("--layers", type=int, help="override the model's number of blocks")
-  p.add_argument("--osci-start", type=int)
-  p.add_argument("--osci-period", type=int)
-  p.add_argument("--osci-window", type=int)
+  p.add_argument("--osci-start", type=int, help="OsciReset start S (default: the reference's point of the "
+                 "schedule)")
+  p.add_argument("--osci-period", type=int, help="OsciReset period P (default 200); setting it or "
+                 "--osci-window accepts runs with room for fewer than 3 resets")
+  p.add_argument("--osci-window", type=int, help="OsciReset window T (default 50)")
   p.add_argument("--calib-start", type=int)
   p.add_argument("--calib-steps", type=int)
   p.add_argument("--gemm", default="fast")
@@ -216,7 +220,7 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
   for arm in arms:
     configs[arm.name] = TrainConfig(
         model=args.model, arm=arm.name, batch_size=args.batch_size, seq_len=args.seq_len,
-        total_steps=steps, warmup_steps=args.warmup, peak_lr=args.lr, seed=args.seed,
+        total_steps=steps, warmup_steps=args.warmup, t_max_steps=args.t_max, peak_lr=args.lr, seed=args.seed,
         data_seed=args.data_seed, osci_start=args.osci_start, osci_period=args.osci_period,
         osci_window=args.osci_window, calib_start=args.calib_start, calib_steps=args.calib_steps,
         gemm=args.gemm, scan_blocks=args.scan_blocks, attention=args.attention, eval_every=args.eval_every,

@@ -26,7 +26,7 @@ RECIPES = ("bf16", "nvidia_nvfp4", "tetrajet_v2", "tetrajet_v2_outcontrol")
 
 def fwd_bwd_fn(recipe: str, gemm: str, k: int):
   r = tj.recipes.get(recipe)
-  n_out = outlier_count(k, r.outlier_fraction) if r.quantized else 0
+  n_out = outlier_count(k, r.outlier_fraction, r.outlier_rounding) if r.quantized else 0
   idx = jnp.arange(n_out, dtype=jnp.int32) * (k // max(n_out, 1)) if n_out else None
 
   @jax.jit

@@ -30,15 +30,19 @@ def _rel(a, b) -> float:
 
 def layer_errors(recipe: str, x, w, dy, *, gemm: str, key) -> tuple[tuple, tuple]:
   k = w.shape[0]
-  idx = None
-  if tj.recipes.get(recipe).outlier_fraction > 0:
-    # Frozen OutControl channels: the largest-norm input channels of x.
-    n_out = outlier_count(k, tj.recipes.get(recipe).outlier_fraction)
-    idx = jnp.sort(jax.lax.top_k(jnp.linalg.norm(x, axis=0), n_out)[1]).astype(jnp.int32)
+  idx = rest = None
+  r = tj.recipes.get(recipe)
+  if r.outlier_fraction > 0:
+    # Frozen OutControl channels as QuantLinear freezes them: descending input-channel norm, the
+    # first n in MXFP8, the rest in FP4 in that order.
+    n_out = outlier_count(k, r.outlier_fraction, r.outlier_rounding)
+    order = jnp.argsort(-jnp.linalg.norm(x, axis=0), stable=True).astype(jnp.int32)
+    idx, rest = order[:n_out], order[n_out:]
 
   @jax.jit
   def run(x, w, dy):
-    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=idx), x, w)
+    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=idx,
+                                            fp4_idx=rest), x, w)
     return (y, *vjp(dy.astype(y.dtype)))
 
   return run(x, w, dy)

@@ -82,16 +82,16 @@ def test_oscillation_fraction_trajectory_matches_state():
     return optax.apply_updates(params, u), state
 
   trajectory = []
-  for n in range(40):
+  for n in range(41):
     if n == 30:
       trajectory.append(params)
     params, state = step(params, state)
-    if 30 <= n < 39:  # the window's snapshots w_30 .. w_39 (the reset lands in w_40)
+    if 30 <= n < 40:  # the window's snapshots w_30 .. w_40 (updates 30-39; the reset, update 40, lands in w_41)
       trajectory.append(params)
   from_state = oscillation_fraction(state)
   from_traj = oscillation_fraction(trajectory, threshold=8.0)
   assert from_state["osci/risk_frac"] > 0.1
-  # The last update of the window is the reset itself; up to it the trajectory holds the same flips.
+  # The state's sums cover the same ten updates as the trajectory.
   np.testing.assert_allclose(from_traj["osci/risk_frac/l/kernel"], from_state["osci/risk_frac/l/kernel"], atol=0.01)
   with pytest.raises(ValueError, match="threshold"):
     oscillation_fraction(state, threshold=4.0)

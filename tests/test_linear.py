@@ -290,19 +290,34 @@ def test_residual_bytes():
   assert residual_bytes_per_token("bf16", k, 4096) == 2 * k
   # Packed codes (K/2) + E4M3 inner (K/16) + FP32 outer (4K/128).
   assert residual_bytes_per_token("tetrajet_v2", k, 4096) == k / 2 + k / 16 + 4 * k / 128
-  # OutControl: FP4 on K - 128 channels + MXFP8 (1 + 1/32 bytes) on 128.
-  n_out = outlier_count(k, 0.1)
+  # OutControl, 128-multiple count: FP4 on K - 128 channels + MXFP8 (1 + 1/32 bytes) on 128.
+  block = dataclasses.replace(recipes.TETRAJET_V2_OUTCONTROL, outlier_rounding="block128")
+  n_out = outlier_count(k, 0.1, "block128")
   assert n_out == 128
   fp4 = k - n_out
-  assert residual_bytes_per_token("tetrajet_v2_outcontrol", k, 4096) == fp4 / 2 + fp4 / 16 + 4 * fp4 / 128 + n_out * (1 + 1 / 32)
+  assert residual_bytes_per_token(block, k, 4096) == fp4 / 2 + fp4 / 16 + 4 * fp4 / 128 + n_out * (1 + 1 / 32)
+  # round(pK) = 102: the FP4 part (922 channels) is zero-padded to 1024, the MXFP8 part (102) to 128 (1x32 blocks).
+  assert outlier_count(k, 0.1) == 102
+  assert residual_bytes_per_token("tetrajet_v2_outcontrol", k, 4096) == (
+      1024 / 2 + 1024 / 16 + 4 * 1024 / 128 + 128 * (1 + 1 / 32))
   assert residual_bytes_per_token("nvidia_nvfp4", k, 4096) < 0.3 * 2 * k
 
 
 def test_outlier_count_rule():
-  assert outlier_count(1024, 0.1) == 128  # ceil(102.4 / 128) * 128
-  assert outlier_count(4096, 0.1) == 512  # 409.6 -> 512
-  assert outlier_count(128, 0.1) == 0  # cap floor(K/128)*128 and keep some FP4 channels
+  assert outlier_count(1024, 0.1) == 102  # round(102.4)
+  assert outlier_count(512, 0.1) == 51  # round(51.2)
+  assert outlier_count(640, 0.1) == 64
+  assert outlier_count(128, 0.1) == 13  # round(12.8)
+  assert outlier_count(100, 0.125) == 13  # 12.5 rounds half up
+  assert outlier_count(4, 0.99) == 3  # never all of K
   assert outlier_count(512, 0.0) == 0
+  assert outlier_count(1024, 0.1, "block128") == 128  # ceil(102.4 / 128) * 128
+  assert outlier_count(4096, 0.1, "block128") == 512  # 409.6 -> 512
+  assert outlier_count(128, 0.1, "block128") == 0  # cap floor(K/128)*128 and keep some FP4 channels
+  with pytest.raises(ValueError, match="rounding must be one of"):
+    outlier_count(512, 0.1, "up")
+  with pytest.raises(ValueError, match="outlier_rounding must be one of"):
+    tj.Recipe(outlier_fraction=0.1, outlier_rounding="up")
 
 
 def test_bad_inputs(key):
@@ -319,8 +334,19 @@ def test_bad_inputs(key):
     tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2")
   with pytest.raises(ValueError, match="gemm mode"):
     tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, gemm="turbo")
-  with pytest.raises(ValueError, match="multiple of 128"):
-    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(5))
+  with pytest.raises(ValueError, match=r"outlier channel indices \[1000, 1001.*outside \[0, K=256\)"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(128) + 1000)
+  with pytest.raises(ValueError, match=r"outside \[0, K=256\)"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.asarray([-1, 3]))
+  with pytest.raises(ValueError, match=r"indices repeat: \[7\]"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.asarray([7, 7, 9]))
+  with pytest.raises(ValueError, match="256 outlier channels for K=256.*less than K"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(256))
+  with pytest.raises(ValueError, match="together list every channel"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(5),
+              fp4_idx=jnp.arange(4, 255))
+  with pytest.raises(ValueError, match="fp4_idx without outlier_idx"):
+    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, fp4_idx=jnp.arange(256))
   with pytest.raises(ValueError, match="outlier_fraction"):
     tj.Recipe(outlier_fraction=1.5)
 
@@ -365,7 +391,11 @@ def test_outcontrol_calibration_picks_largest_norms(rng):
   for _ in range(3):
     call(q, jnp.asarray(rng.standard_normal((64, 512)) * scale, jnp.float32))
   tj.freeze_outlier_channels(q)
-  np.testing.assert_array_equal(np.asarray(q.oc_channels[...]), np.sort(hot))
+  n = outlier_count(512, 0.1)
+  stats = np.asarray(q.oc_stats[...])
+  order = np.concatenate([np.asarray(q.oc_channels[...]), np.asarray(q.oc_fp4_channels[...])])
+  np.testing.assert_array_equal(order, np.argsort(-stats, kind="stable"))  # descending norm, both parts
+  assert set(order[:n].tolist()) <= set(hot.tolist())  # the outliers: hot channels
   assert q.outcontrol_phase == "frozen"
   with pytest.raises(ValueError, match="calibration"):
     tj.freeze_outlier_channels(tj.QuantLinear(512, 128, recipe="tetrajet_v2_outcontrol", rngs=nnx.Rngs(0)))

@@ -16,15 +16,24 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests import numpy_reference as ref
+from tetrajet_jax.linear import ChannelSplit
 from tetrajet_jax.optim import NVFP4WeightQuantizer, OsciResetState, osci_reset, osci_reset_metrics
 from tetrajet_jax.optim import toy_oscillation as toy
 
 F32 = np.float32
 
 
-def ref_quantize(w) -> np.ndarray:
-  """Q(w) of an [in, out] kernel along axis 0, from the NumPy reference: (q * s_in) * s_out in float32."""
+def ref_quantize(w, rows=None) -> np.ndarray:
+  """Q(w) of an [in, out] kernel along axis 0, from the NumPy reference: (q * s_in) * s_out in float32.
+
+  With `rows` (an OutControl layer's FP4 rows in gather order): the rows
+  w[rows] quantized as one kernel in that order, put back; other rows 0.
+  """
   w = np.asarray(w, F32)
+  if rows is not None:
+    out = np.zeros_like(w)
+    out[np.asarray(rows)] = ref_quantize(w[np.asarray(rows)])
+    return out
   n_in = w.shape[0]
   x = w.T
   pad = (-n_in) % 128
@@ -35,8 +44,13 @@ def ref_quantize(w) -> np.ndarray:
   return v.astype(F32)[:, :n_in].T
 
 
-def ref_latent(w) -> np.ndarray:
+def ref_latent(w, rows=None) -> np.ndarray:
+  """w / s along axis 0; with `rows`, of the gathered rows in that order (other rows: w itself)."""
   w = np.asarray(w, F32)
+  if rows is not None:
+    out = w.copy()
+    out[np.asarray(rows)] = ref_latent(w[np.asarray(rows)])
+    return out
   x = np.pad(w.T, ((0, 0), (0, (-w.shape[0]) % 128)))
   _, s_in, s_out = ref.nvfp4_block(x)
   s = np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
@@ -87,35 +101,40 @@ def test_toy_lean_tracks_stated_fraction(toy_runs):
 
 # ------------------------------------------------- step-by-step NumPy reference
 
-def _sign_descent(p, target, lr=F32(2e-4)):
+def _sign_descent(p, target, lr=F32(2e-4), rows=None):
   """An upstream 'optimizer' update that drives p across the threshold at `target` (bitwise reproducible)."""
-  return (-lr * np.sign(ref_quantize(p) - target)).astype(F32)
+  return (-lr * np.sign(ref_quantize(p, rows) - target)).astype(F32)
 
 
 class RefOsci:
-  """Spec 3 written directly: float32 sequential accumulation, full tracking, outlier rows out."""
+  """Spec 3 written directly: float32 sequential accumulation over the window's T updates, full
+  tracking, outlier rows out, Q(w) of the FP4 rows gathered in their order (`fp4_rows`, None = all
+  rows), the reset on the update after the window."""
 
-  def __init__(self, shape, *, start, period, window, tau, outlier_rows=()):
+  def __init__(self, shape, *, start, period, window, tau, fp4_rows=None):
     self.d_q = np.zeros(shape, F32)
     self.d_w = np.zeros(shape, F32)
     self.n = 0
     self.cfg = (start, period, window, tau)
+    self.rows = fp4_rows
     self.active = np.ones(shape, bool)
-    self.active[list(outlier_rows)] = False
+    if fp4_rows is not None:
+      self.active[:] = False
+      self.active[np.asarray(fp4_rows)] = True
 
   def update(self, p, u):
     start, period, window, tau = self.cfg
     n, self.n = self.n, self.n + 1
-    if n < start or (n - start) % period >= window:
+    if n < start or (n - start) % period > window:
       return u, None
     if (n - start) % period == 0:
       self.d_q[:] = 0
       self.d_w[:] = 0
     w = (p + u).astype(F32)
-    q_prev, q_new = ref_quantize(p), ref_quantize(w)
-    self.d_q += np.where(self.active, np.abs(q_new - q_prev), F32(0))
-    self.d_w += np.where(self.active, np.abs(w - p), F32(0))
-    if (n - start) % period != window - 1:
+    q_prev, q_new = ref_quantize(p, self.rows), ref_quantize(w, self.rows)
+    if (n - start) % period < window:
+      self.d_q += np.where(self.active, np.abs(q_new - q_prev), F32(0))
+      self.d_w += np.where(self.active, np.abs(w - p), F32(0))
       return u, None
     with np.errstate(divide="ignore", invalid="ignore"):
       risk = np.where(self.d_w > 0, self.d_q / self.d_w, 0)
@@ -123,28 +142,42 @@ class RefOsci:
     return np.where(reset, q_new - p, u).astype(F32), (reset, q_new)
 
 
-@pytest.mark.parametrize("outlier_rows", [(), (0, 17, 200)])
-def test_matches_numpy_reference_bitwise(rng, outlier_rows):
+@pytest.mark.parametrize("outlier_rows,permute", [((), False), ((0, 17, 200), False), ((0, 17, 200), True)])
+def test_matches_numpy_reference_bitwise(rng, outlier_rows, permute):
+  """OsciReset step by step against RefOsci; with outlier rows, Q(w) quantizes the FP4 rows gathered
+  in the FP4 order (ascending, or a permutation passed as a ChannelSplit), whose blocks differ from
+  the whole kernel's."""
   shape = (256, 32)
+  rows = None
+  if outlier_rows:
+    rest = np.setdiff1d(np.arange(shape[0]), outlier_rows).astype(np.int32)
+    rows = rng.permutation(rest).astype(np.int32) if permute else rest
   mid = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], F32)
-  anchor = (np.arange(shape[0]) % 16 == 0)[:, None] & np.ones((1, shape[1]), bool)
-  s = np.asarray(NVFP4WeightQuantizer().scale(jnp.asarray(np.where(anchor, F32(1), F32(0)))))[0, 0]
+  first_of_block = (np.arange(shape[0]) % 16 == 0)[:, None] & np.ones((1, shape[1]), bool)
+  s = np.asarray(NVFP4WeightQuantizer().scale(jnp.asarray(np.where(first_of_block, F32(1), F32(0)))))[0, 0]
+  # Anchors (value 1) open every 16-block of the quantized row order, so every block has scale s.
+  anchor = np.zeros((shape[0], 1), bool)
+  anchor[(np.arange(shape[0]) if rows is None else rows)[::16]] = True
+  anchor = anchor & np.ones((1, shape[1]), bool)
   osc = rng.random(shape) < 0.3
   level = np.where(osc, mid[rng.integers(0, 7, shape)], 0.5 + 0.5 * rng.integers(0, 4, shape))
   target = np.where(anchor, F32(1), (np.where(rng.random(shape) < 0.5, -1, 1) * level * s).astype(F32))
   p = np.where(anchor, F32(1), target + (rng.uniform(-1, 1, shape) * 1e-3 * s).astype(F32)).astype(F32)
-  target = np.where(anchor, ref_quantize(p), target).astype(F32)
+  target = np.where(anchor, ref_quantize(p, rows), target).astype(F32)
 
   kw = dict(start=4, period=7, window=3, tau=8.0)
   tx = osci_reset(start_step=4, period=7, window=3, threshold=8.0)
   params = {"blk": {"kernel": jnp.asarray(p)}, "norm": {"scale": jnp.ones((32,))}}
   state = tx.init(params)
-  outl = {"blk": {"kernel": jnp.asarray(outlier_rows, jnp.int32)}, "norm": {"scale": None}}
+  leaf = jnp.asarray(outlier_rows, jnp.int32)
+  if permute:
+    leaf = ChannelSplit(leaf, jnp.asarray(rows))
+  outl = {"blk": {"kernel": leaf}, "norm": {"scale": None}}
   step = jax.jit(lambda u, s, p: tx.update(u, s, p, outlier_channels=outl))
-  reference = RefOsci(shape, **kw, outlier_rows=outlier_rows)
+  reference = RefOsci(shape, **kw, fp4_rows=rows)
   n_resets = 0
-  for n in range(21):
-    u = _sign_descent(p, target)
+  for n in range(22):
+    u = _sign_descent(p, target, rows=rows)
     u_norm = jnp.full((32,), 0.125, jnp.float32)
     out, state = step({"blk": {"kernel": jnp.asarray(u)}, "norm": {"scale": u_norm}}, state,
                       {"blk": {"kernel": jnp.asarray(p)}, "norm": {"scale": jnp.ones((32,))}})
@@ -173,7 +206,7 @@ def test_matches_numpy_reference_bitwise(rng, outlier_rows):
       assert int(state.num_reset["blk"]["kernel"]) == reset.sum()
       assert int(state.num_active["blk"]["kernel"]) == (256 - len(outlier_rows)) * 32
     p = new_p
-  assert n_resets == 3  # windows ending at updates 6, 13, 20
+  assert n_resets == 3  # windows of updates 4-6, 11-13, 18-20; resets at updates 7, 14, 21
 
 
 def test_exact_landing_adversarial(rng):
@@ -228,7 +261,7 @@ def test_default_filter_and_untouched_leaves(key):
   # Upstream and OsciReset in separate programs, so the upstream update is one fixed array.
   upstream, osc_update = jax.jit(adam.update), jax.jit(osc.update)
   adam_state = adam.init(params)
-  for n in range(20):
+  for n in range(21):
     a_up, adam_state = upstream(_grads(prob, params), adam_state, params)
     a_up = jax.tree.map(np.asarray, a_up)
     out, st = osc_update(a_up, st, params)
@@ -238,7 +271,7 @@ def test_default_filter_and_untouched_leaves(key):
       np.testing.assert_array_equal(a[path[0]][path[1]], b[path[0]][path[1]])
     np.testing.assert_array_equal(a["blocks"]["0"]["norm"]["scale"], b["blocks"]["0"]["norm"]["scale"])
     same = np.array_equal(a["blocks"]["0"]["mlp"]["kernel"], b["blocks"]["0"]["mlp"]["kernel"])
-    assert same == (n not in (9, 19)), n  # resets: the last update of each window (6 + 4 - 1, 16 + 4 - 1)
+    assert same == (n not in (10, 20)), n  # resets: the update after each window (6 + 4, 16 + 4)
 
 
 def test_lean_selects_closest_to_edge_and_skips_outliers(key):
@@ -251,7 +284,7 @@ def test_lean_selects_closest_to_edge_and_skips_outliers(key):
       jax.tree.map(jnp.zeros_like, params), state, params)
   idx = np.asarray(state.index["blocks"]["0"]["mlp"]["kernel"])
   assert idx.size == math.ceil(0.05 * w.size)
-  v = ref_latent(w).astype(np.float64)
+  v = ref_latent(w, np.setdiff1d(np.arange(256), np.asarray(rows))).astype(np.float64)  # the FP4 rows' blocks
   a = np.abs(v)
   grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
   lo_i = np.clip(np.searchsorted(grid, a, side="right") - 1, 0, 6)

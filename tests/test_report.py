@@ -67,7 +67,7 @@ def write_folder(root, seed: int, arms: list[str], provenance=None):
   model = dataclasses.replace(get_config("20m"), vocab_size=16384)
   for arm in arms:
     config = TrainConfig(model="20m", arm=arm, batch_size=BATCH, seq_len=SEQ, total_steps=STEPS, seed=seed,
-                         eval_every=100)
+                         eval_every=100, osci_period=40, osci_window=10)
     identity = config.run_identity()
     identity.pop("arm")
     _write_json(root / "run.json", {"train": identity, "data": "bpe16384"})

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig, TrainData,
-                                Trainer, parse_arms, read_jsonl, scaled_calibration, scaled_osci_reset)
+                                Trainer, default_lr_steps, parse_arms, read_jsonl, scaled_calibration,
+                                scaled_osci_reset)
 from tetrajet_jax.train.trainer import inject_nan
 
 
@@ -39,17 +40,21 @@ def test_schedule_closed_form():
 
 
 def test_scaled_windows_reproduce_the_reference_placement():
-  # 70M reference: 52B tokens / (1024 x 4096) = 12,398 steps; S = 8000, P = 200, T = 50;
-  # OutControl calibration on steps 501-550.
-  s = Schedule(total_steps=12398, warmup_steps=0, peak_lr=4e-4)
+  # 70M reference: 12,505 steps of 1024 x 4096 tokens; warmup 1e9 tokens, t_max 50e9 tokens;
+  # OsciReset S = 8000, P = 200, T = 50; OutControl calibration on steps 501-550.
+  warmup, t_max = default_lr_steps(12505)
+  assert (warmup, t_max) == (238, 11921)  # 1e9 / 4194304 = 238.4, 50e9 / 4194304 = 11920.9
+  s = Schedule(total_steps=12505, warmup_steps=warmup, t_max_steps=t_max, peak_lr=4e-4)
   w = scaled_osci_reset(s)
-  assert 7400 <= w.start_step <= 8700  # 60-70% into the decay
+  assert (w.start_step, w.period, w.window) == (8000, 200, 50)
   assert 0.26 <= float(s.lr(w.start_step)) / 4e-4 <= 0.42
-  assert 150 <= w.period <= 250 and 40 <= w.window <= 50
   c = scaled_calibration(s)
   assert (c.start, c.length) == (501, 50)
-  short = scaled_osci_reset(Schedule(total_steps=250, warmup_steps=12, peak_lr=1.0))
-  assert short.window < short.period and short.start_step + short.window < 250
+  # A shorter run moves only S, to the same point of its schedule.
+  warmup, t_max = default_lr_steps(2500)
+  short = scaled_osci_reset(Schedule(total_steps=2500, warmup_steps=warmup, t_max_steps=t_max, peak_lr=1.0))
+  assert (short.period, short.window) == (200, 50)
+  assert abs(short.start_step / 2500 - 8000 / 12505) < 2e-3
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -15,7 +15,12 @@ cancels in the product (H^T H = I).
 
 OutControl (spec 4): `outlier_idx` names input channels that run in MXFP8 in
 the forward and in the weight gradient (no RHT, no SR there); the input
-gradient stays all-FP4 from the assembled W_hat.
+gradient stays all-FP4 from the assembled W_hat. The FP4 part gathers the
+other channels in the order `fp4_idx` gives (QuantLinear: descending
+calibration norm, so FP4 blocks group channels of similar magnitude) and is
+zero-padded along K to a multiple of 128 (zeros change no amax and no dot
+product), so any channel count works. `fp4_weight_values` is the forward's
+own weight quantization (Q2 of the gathered FP4 rows), shared with OsciReset.
 
 The forward saves X in quantized form (packed codes + scales), not a bf16
 copy; W is re-quantized from the master weight in the backward.
@@ -104,9 +109,106 @@ def _rht(x: jax.Array, key: jax.Array, enabled: bool, axis: int) -> jax.Array:
 
 
 def _complement(outlier_idx: jax.Array, k: int) -> jax.Array:
-  """Sorted indices of the channels not in outlier_idx (static count)."""
+  """Ascending indices of the channels not in outlier_idx (static count): the
+  FP4 order when the caller gives outlier channels but no FP4 order."""
   mask = jnp.zeros((k,), jnp.bool_).at[outlier_idx].set(True)
   return jnp.nonzero(~mask, size=k - outlier_idx.shape[0])[0].astype(jnp.int32)
+
+
+class ChannelSplit(NamedTuple):
+  """OutControl's split of a layer's K input channels.
+
+  Attributes:
+    outlier: int32 [n], the channels that run in MXFP8.
+    fp4: int32 [K - n], the other channels in the order the FP4 part gathers
+      them (its 16- and 128-blocks follow this order).
+  """
+
+  outlier: jax.Array
+  fp4: jax.Array
+
+
+def channel_split(outlier_idx: jax.typing.ArrayLike, k: int,
+                  fp4_idx: jax.typing.ArrayLike | None = None) -> ChannelSplit:
+  """A ChannelSplit from outlier channels and, optionally, the FP4 order
+  (default: the remaining channels ascending). Checks the indices when they
+  are concrete (`validate_channel_split`)."""
+  outlier_idx = jnp.asarray(outlier_idx)
+  if outlier_idx.ndim != 1 or not jnp.issubdtype(outlier_idx.dtype, jnp.integer):
+    raise ValueError(f"outlier_idx must be a 1-D integer array, got {outlier_idx.dtype}{outlier_idx.shape}.")
+  outlier_idx = outlier_idx.astype(jnp.int32)
+  if fp4_idx is None:
+    validate_channel_split(outlier_idx, None, k)
+    return ChannelSplit(outlier_idx, _complement(outlier_idx, k))
+  fp4_idx = jnp.asarray(fp4_idx)
+  if fp4_idx.ndim != 1 or not jnp.issubdtype(fp4_idx.dtype, jnp.integer):
+    raise ValueError(f"fp4_idx must be a 1-D integer array, got {fp4_idx.dtype}{fp4_idx.shape}.")
+  validate_channel_split(outlier_idx, fp4_idx, k)
+  return ChannelSplit(outlier_idx, fp4_idx.astype(jnp.int32))
+
+
+def validate_channel_split(outlier_idx, fp4_idx, k: int) -> None:
+  """Raises ValueError unless the outlier channels are distinct, in [0, K) and
+  fewer than K, and `fp4_idx` (if given) holds exactly the other channels.
+
+  Shapes are always checked; values only when concrete (under jit they are
+  checked where they are set: `QuantLinear`'s calibration freeze).
+  """
+  n = outlier_idx.shape[0]
+  if n >= k:
+    raise ValueError(f"{n} outlier channels for K={k} input channels; the count must be less than K "
+                     "(use outlier_count(K, p)).")
+  if fp4_idx is not None and fp4_idx.shape[0] != k - n:
+    raise ValueError(f"fp4_idx has {fp4_idx.shape[0]} channels; with {n} outlier channels and K={k} it "
+                     f"must list the other {k - n}.")
+  if isinstance(outlier_idx, jax.core.Tracer) or isinstance(fp4_idx, jax.core.Tracer):
+    return
+  out = np.asarray(outlier_idx)
+  if out.size and (out.min() < 0 or out.max() >= k):
+    bad = out[(out < 0) | (out >= k)]
+    raise ValueError(f"outlier channel indices {bad[:8].tolist()} are outside [0, K={k}).")
+  if np.unique(out).size != out.size:
+    vals, counts = np.unique(out, return_counts=True)
+    raise ValueError(f"outlier channel indices repeat: {vals[counts > 1][:8].tolist()}; each channel at most once.")
+  if fp4_idx is not None:
+    seen = np.zeros(k, np.int64)
+    rest = np.asarray(fp4_idx)
+    if rest.size and (rest.min() < 0 or rest.max() >= k):
+      raise ValueError(f"fp4_idx holds indices outside [0, K={k}).")
+    np.add.at(seen, out, 1)
+    np.add.at(seen, rest, 1)
+    if not (seen == 1).all():
+      raise ValueError(f"outlier_idx and fp4_idx must together list every channel of K={k} exactly once; "
+                       f"channels {np.nonzero(seen != 1)[0][:8].tolist()} are missing or repeated.")
+
+
+def fp4_weight_values(kernel: jax.typing.ArrayLike, fp4_idx: jax.typing.ArrayLike | None = None, *,
+                      recipe: str | Recipe = "tetrajet_v2") -> jax.Array:
+  """The forward's dequantized FP4 weight Q2(W), float32 in kernel layout [K, N].
+
+  Q2 quantizes the FP4 rows `kernel[fp4_idx]` (all rows if None) in that
+  order along K, exactly as the layer's forward does (same 16- and
+  128-blocks, zero padding to 128), and the values go back to their rows;
+  rows not in `fp4_idx` (the MXFP8 outlier channels) hold 0.
+  """
+  recipe = recipes_lib.get(recipe)
+  if recipe.quantizers[1].rounding != "nearest":
+    raise ValueError(f"fp4_weight_values: recipe {recipe.name!r} rounds Q2 stochastically; its weight grid "
+                     "is not a function of W.")
+  kernel = jnp.asarray(kernel)
+  keys = _split_keys(jax.random.key(0), recipe)  # unused by RTN
+  if fp4_idx is None:
+    return _values(_fp4_weight(kernel, None, recipe, keys))[:, :kernel.shape[0]].T
+  fp4_idx = jnp.asarray(fp4_idx, jnp.int32)
+  vals = _values(_fp4_weight(kernel, fp4_idx, recipe, keys))[:, :fp4_idx.shape[0]].T
+  return jnp.zeros(kernel.shape, jnp.float32).at[fp4_idx].set(vals)
+
+
+def _fp4_weight(kernel: jax.Array, fp4_idx, recipe: Recipe, keys: _Keys, gemm: GemmMode = "fast"):
+  """Q2 of the FP4 rows kernel[fp4_idx] (all rows if None) along K: the one
+  weight quantization of the forward, W_hat and OsciReset."""
+  w = kernel if fp4_idx is None else kernel[fp4_idx]
+  return _quantize(w, 2, recipe, keys, axis=0, weight=True, gemm=gemm)
 
 
 class _Residuals(NamedTuple):
@@ -115,7 +217,7 @@ class _Residuals(NamedTuple):
   q6_pre: Any  # Q6 operand computed in the forward (non-aligned recipes), or None
   kernel: jax.Array  # master weight: W is re-quantized from it
   key: jax.Array
-  outlier_idx: Any
+  split: Any  # ChannelSplit or None
   x_dtype: jax.Array  # empty array carrying x's dtype (dX is returned in it)
 
 
@@ -132,21 +234,19 @@ def _as_rounded(a: jax.Array) -> jax.Array:
   return lax.optimization_barrier(a) if jnp.dtype(a.dtype).itemsize < 4 else a
 
 
-def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
+def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe, gemm: GemmMode):
   x = _as_rounded(x)
-  m, k = x.shape
   keys = _split_keys(key, recipe)
-  if outlier_idx is None:
-    x_fp4, w_fp4, x_out = x, kernel, None
+  if split is None:
+    x_fp4, x_out = x, None
   else:
-    rest = _complement(outlier_idx, k)
-    x_fp4, w_fp4 = x[:, rest], kernel[rest]
-    x_out = quantize_mxfp8(x[:, outlier_idx], axis=-1)
+    x_fp4 = x[:, split.fp4]  # K' = K - n channels in the FP4 order; quantizers zero-pad K' to 128
+    x_out = quantize_mxfp8(x[:, split.outlier], axis=-1)
   xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, gemm=gemm)  # [M, K'] along K
-  wq = _quantize(w_fp4, 2, recipe, keys, axis=0, weight=True, gemm=gemm)  # [N, K'] along K
+  wq = _fp4_weight(kernel, None if split is None else split.fp4, recipe, keys, gemm)  # [N, K'] along K
   y = gemm_nt(xq, wq, mode=gemm, out_dtype=jnp.float32)
   if x_out is not None:
-    w_out = quantize_mxfp8(kernel[outlier_idx], axis=0)  # [N, n_out] along K
+    w_out = quantize_mxfp8(kernel[split.outlier], axis=0)  # [N, n_out] along K
     y = y + gemm_nt(x_out, w_out, mode=gemm, out_dtype=jnp.float32)
   q6_pre = None
   if not recipe.aligned_backward:
@@ -154,7 +254,7 @@ def _forward(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
     # means the residual is 4.5-bit X^T instead of a bf16 copy of X.
     q6_pre = _wgrad_x_operand(x_fp4, recipe, keys, gemm)
   res = _Residuals(x_fwd=xq if recipe.aligned_backward else None, x_out=x_out, q6_pre=q6_pre,
-                   kernel=kernel, key=key, outlier_idx=outlier_idx, x_dtype=jnp.zeros((0,), x.dtype))
+                   kernel=kernel, key=key, split=split, x_dtype=jnp.zeros((0,), x.dtype))
   return y.astype(recipe.out_dtype), res
 
 
@@ -164,15 +264,15 @@ def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys, gemm: GemmMo
   return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)  # canonical [K', Mp]
 
 
-def _w_hat(kernel: jax.Array, outlier_idx, recipe: Recipe, keys: _Keys) -> jax.Array:
+def _w_hat(kernel: jax.Array, split: ChannelSplit | None, recipe: Recipe, keys: _Keys) -> jax.Array:
   """W_hat [K, N]: the forward's dequantized weight, assembled from both parts."""
   k = kernel.shape[0]
-  if outlier_idx is None:
-    return _values(_quantize(kernel, 2, recipe, keys, axis=0, weight=True))[:, :k].T
-  rest = _complement(outlier_idx, k)
-  w_rest = _values(_quantize(kernel[rest], 2, recipe, keys, axis=0, weight=True))[:, :rest.shape[0]].T
-  w_out = dequantize_mxfp8_canonical(quantize_mxfp8(kernel[outlier_idx], axis=0))[:, :outlier_idx.shape[0]].T
-  return jnp.zeros(kernel.shape, jnp.float32).at[rest].set(w_rest).at[outlier_idx].set(w_out)
+  if split is None:
+    return _values(_fp4_weight(kernel, None, recipe, keys))[:, :k].T
+  rest, out = split.fp4, split.outlier
+  w_rest = _values(_fp4_weight(kernel, rest, recipe, keys))[:, :rest.shape[0]].T
+  w_out = dequantize_mxfp8_canonical(quantize_mxfp8(kernel[out], axis=0))[:, :out.shape[0]].T
+  return jnp.zeros(kernel.shape, jnp.float32).at[rest].set(w_rest).at[out].set(w_out)
 
 
 class _BackwardOperands(NamedTuple):
@@ -190,7 +290,7 @@ def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _
   # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
   # XLA path widens it to float32 (exact).
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
-  w_src = _w_hat(res.kernel, res.outlier_idx, recipe, keys) if recipe.aligned_backward else res.kernel
+  w_src = _w_hat(res.kernel, res.split, recipe, keys) if recipe.aligned_backward else res.kernel
   a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, gemm=gemm)
   b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True, gemm=gemm)
   # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
@@ -198,7 +298,7 @@ def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _
   a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)
   x_hat = None
   if recipe.aligned_backward:
-    x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'] (block scaling: K' is a multiple of 128, no crop)
+    x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'p]: K' zero-padded to 128 (zero rows of dW, cropped)
     b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm)
   else:
     b6 = res.q6_pre
@@ -206,32 +306,32 @@ def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _
 
 
 def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
-  kernel, outlier_idx = res.kernel, res.outlier_idx
+  kernel, split = res.kernel, res.split
   k, n = kernel.shape
   m = dy.shape[0]
   dy = _as_rounded(dy)  # for the FP4 operands and the MXFP8 outlier operand alike
   ops = _backward_operands(recipe, gemm, res, dy)
   dx = gemm_nt(ops.a3, ops.b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
-  dw_fp4 = gemm_nt(ops.b6, ops.a5, mode=gemm, out_dtype=jnp.float32)  # [K', N]
-  if outlier_idx is None:
+  dw_fp4 = gemm_nt(ops.b6, ops.a5, mode=gemm, out_dtype=jnp.float32)  # [K'p, N]
+  if split is None:
     dw = dw_fp4
   else:
     # Outlier channels: MXFP8 dY^T x MXFP8 X_hat_out^T along M, no RHT, no SR.
-    x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :outlier_idx.shape[0]]  # [M, n_out]
+    x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :split.outlier.shape[0]]  # [M, n_out]
     dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy.astype(jnp.float32), axis=0),
                      mode=gemm, out_dtype=jnp.float32)  # [n_out, N]
-    rest = _complement(outlier_idx, k)
-    dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[outlier_idx].set(dw_out)
+    rest = split.fp4
+    dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[split.outlier].set(dw_out)
   return dx, dw[:k]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _linear_2d(x, kernel, key, outlier_idx, recipe: Recipe, gemm: GemmMode):
-  return _forward(x, kernel, key, outlier_idx, recipe, gemm)[0]
+def _linear_2d(x, kernel, key, split, recipe: Recipe, gemm: GemmMode):
+  return _forward(x, kernel, key, split, recipe, gemm)[0]
 
 
-def _linear_2d_fwd(x, kernel, key, outlier_idx, recipe, gemm):
-  return _forward(x, kernel, key, outlier_idx, recipe, gemm)
+def _linear_2d_fwd(x, kernel, key, split, recipe, gemm):
+  return _forward(x, kernel, key, split, recipe, gemm)
 
 
 def _linear_2d_bwd(recipe, gemm, res: _Residuals, dy):
@@ -244,11 +344,23 @@ _linear_2d.defvjp(_linear_2d_fwd, _linear_2d_bwd)
 _linear_2d_jit = jax.jit(_linear_2d, static_argnums=(4, 5))
 
 
-def outlier_count(k: int, fraction: float) -> int:
-  """OutControl's channel count: ceil(p*K) rounded up to a multiple of 128,
-  capped at floor(K/128)*128 (spec 4), and never all of K."""
+OUTLIER_ROUNDINGS = recipes_lib.OUTLIER_ROUNDINGS
+
+
+def outlier_count(k: int, fraction: float, rounding: str = "nearest") -> int:
+  """OutControl's channel count for K input channels and fraction p.
+
+  "nearest": round(p*K) (halves up), the paper's accuracy setting, at most
+  K - 1. "block128": ceil(p*K) rounded up to a multiple of 128, capped at
+  floor(K/128)*128 and at K - 128 (the reference code's kernel-friendly
+  count; it keeps far more than p at small K).
+  """
+  if rounding not in OUTLIER_ROUNDINGS:
+    raise ValueError(f"outlier_count: rounding must be one of {OUTLIER_ROUNDINGS}, got {rounding!r}.")
   if fraction <= 0:
     return 0
+  if rounding == "nearest":
+    return min(int(np.floor(fraction * k + 0.5)), k - 1)
   n = int(np.ceil(fraction * k / 128.0)) * 128
   return min(n, (k // 128) * 128, max(k - 128, 0))
 
@@ -270,6 +382,7 @@ def linear(
     recipe: str | Recipe = "tetrajet_v2",
     key: jax.Array | None = None,
     outlier_idx: jax.typing.ArrayLike | None = None,
+    fp4_idx: jax.typing.ArrayLike | None = None,
     gemm: GemmMode = "fast",
 ) -> jax.Array:
   """Quantized y = x @ kernel with an NVFP4 forward and backward (custom_vjp).
@@ -281,8 +394,10 @@ def linear(
       'tetrajet_v2_outcontrol', ...).
     key: PRNG key for stochastic rounding and RHT signs; required when the
       recipe uses them. Use a fresh key per layer per step.
-    outlier_idx: int array of input channels (OutControl) that run in MXFP8;
-      its length must be a multiple of 128. None or empty = pure FP4.
+    outlier_idx: int array of distinct input channels in [0, K), fewer than
+      K (OutControl), that run in MXFP8. None or empty = pure FP4.
+    fp4_idx: the other channels, in the order the FP4 part gathers them
+      (QuantLinear passes descending calibration norm); default ascending.
     gemm: 'exact' (FP32 reference), 'fast' (XLA bf16) or 'pallas'.
 
   Returns:
@@ -312,20 +427,17 @@ def linear(
       raise ValueError(f"linear: recipe {recipe.name!r} uses stochastic rounding / random Hadamard "
                        "signs and needs key=jax.random.key(...) (a fresh one per layer per step).")
     key = jax.random.key(0)  # unused by deterministic recipes
-  if outlier_idx is not None:
-    outlier_idx = jnp.asarray(outlier_idx)
-    if outlier_idx.ndim != 1 or not jnp.issubdtype(outlier_idx.dtype, jnp.integer):
-      raise ValueError(f"linear: outlier_idx must be a 1-D integer array, got {outlier_idx.dtype}{outlier_idx.shape}.")
-    if outlier_idx.shape[0] == 0:
-      outlier_idx = None
-    elif outlier_idx.shape[0] % 128 or outlier_idx.shape[0] >= k:
-      raise ValueError(f"linear: {outlier_idx.shape[0]} outlier channels; the count must be a multiple of "
-                       f"128 and less than K={k} (use outlier_count(K, p)).")
-    elif recipe.scaling != "block":
+  split = None
+  if outlier_idx is not None and jnp.shape(outlier_idx) != (0,):
+    if recipe.scaling != "block":
       raise ValueError(f"linear: OutControl channels need a block-scaled recipe, not {recipe.name!r}.")
-  if outlier_idx is not None:
-    outlier_idx = outlier_idx.astype(jnp.int32)
-  y = _linear_2d_jit(x.reshape(-1, k), kernel, key, outlier_idx, recipe, gemm)
+    try:
+      split = channel_split(outlier_idx, k, fp4_idx)
+    except ValueError as e:
+      raise ValueError(f"linear: {e}") from None
+  elif fp4_idx is not None:
+    raise ValueError("linear: fp4_idx without outlier_idx; pass the outlier channels too (or neither).")
+  y = _linear_2d_jit(x.reshape(-1, k), kernel, key, split, recipe, gemm)
   return y.reshape(*lead, n)
 
 
@@ -339,8 +451,9 @@ def residual_bytes_per_token(recipe: str | Recipe, k: int, n: int, *, outlier_fr
   if not recipe.quantized:
     return 2.0 * k  # a bf16 dot keeps x (bf16) for dW
   p = recipe.outlier_fraction if outlier_fraction is None else outlier_fraction
-  n_out = outlier_count(k, p)
-  idx = None if n_out == 0 else jax.ShapeDtypeStruct((n_out,), jnp.int32)
+  n_out = outlier_count(k, p, recipe.outlier_rounding)
+  idx = None if n_out == 0 else ChannelSplit(jax.ShapeDtypeStruct((n_out,), jnp.int32),
+                                             jax.ShapeDtypeStruct((k - n_out,), jnp.int32))
   res = jax.eval_shape(lambda a, b, i: _forward(a, b, jax.random.key(0), i, recipe, "fast")[1], x, w, idx)
   leaves = [res.x_fwd, res.x_out, res.q6_pre]
   total = sum(int(np.prod(l.shape)) * jnp.dtype(l.dtype).itemsize for l in jax.tree.leaves(leaves))

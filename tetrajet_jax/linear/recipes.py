@@ -21,6 +21,8 @@ from typing import Literal
 import jax.numpy as jnp
 
 Rounding = Literal["nearest", "stochastic"]
+# How OutControl turns p*K into a channel count (`linear.outlier_count`).
+OUTLIER_ROUNDINGS = ("nearest", "block128")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,9 +61,12 @@ class Recipe:
     aligned_backward: Q4/Q6 re-quantize the forward's dequantized W_hat/X_hat
       (unbiased w.r.t. the forward's computation); False: quantize the
       high-precision W/X (NVIDIA).
-    outlier_fraction: OutControl's p: this fraction of input channels (count
-      rounded up to a multiple of 128, capped at floor(K/128)*128) runs in
-      MXFP8 once channels are frozen. 0 disables OutControl.
+    outlier_fraction: OutControl's p: this fraction of input channels runs
+      in MXFP8 once channels are frozen. 0 disables OutControl.
+    outlier_rounding: how p*K becomes a channel count (`outlier_count`):
+      "nearest" = round(p*K), the paper's accuracy setting; "block128" = up
+      to a multiple of 128, capped at floor(K/128)*128 (the reference code's
+      kernel-friendly count, far more than p at small K).
     out_dtype: dtype of Y (and the GEMM outputs).
   """
 
@@ -80,6 +85,7 @@ class Recipe:
   rht_fixed_signs: bool = False
   aligned_backward: bool = True
   outlier_fraction: float = 0.0
+  outlier_rounding: Literal["nearest", "block128"] = "nearest"
   out_dtype: jnp.dtype = jnp.bfloat16
 
   def __post_init__(self):
@@ -87,6 +93,9 @@ class Recipe:
       raise ValueError(f"Recipe {self.name!r}: scaling must be 'block' or 'tensor', got {self.scaling!r}.")
     if not 0.0 <= self.outlier_fraction < 1.0:
       raise ValueError(f"Recipe {self.name!r}: outlier_fraction must be in [0, 1), got {self.outlier_fraction}.")
+    if self.outlier_rounding not in OUTLIER_ROUNDINGS:
+      raise ValueError(f"Recipe {self.name!r}: outlier_rounding must be one of {OUTLIER_ROUNDINGS}, got "
+                       f"{self.outlier_rounding!r}.")
     if self.outlier_fraction > 0 and self.scaling != "block":
       raise ValueError(f"Recipe {self.name!r}: OutControl (outlier_fraction > 0) is defined for block "
                        "scaling; set scaling='block'.")

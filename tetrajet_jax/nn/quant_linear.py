@@ -9,12 +9,18 @@ so initializers and checkpoints carry over. Extra state, all NNX Variables
                       gets fresh SR/RHT randomness per step, reproducible
                       from the init rngs.
   OutControlStats     per-input-channel accumulated L2 norm of x (calibration).
-  OutControlChannels  the frozen outlier channel indices (int32, fixed count).
+  OutControlChannels  `oc_channels`: the frozen outlier channel indices (int32,
+                      fixed count); `oc_fp4_channels`: the other channels in
+                      the order the FP4 part gathers them. Both follow
+                      descending accumulated norm (spec 4).
 
 OutControl phases (a static attribute; changing it retraces):
   "fp4"        pure FP4 (before calibration),
   "calibrate"  pure FP4, and accumulate per-channel ||x||_2 each call,
   "frozen"     the top-p channels run in MXFP8 (spec 4).
+
+The outlier count is `outlier_count(K, p, recipe.outlier_rounding)`;
+`outlier_fractions` reports the effective fraction n/K per layer.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from flax import nnx
 
 from tetrajet_jax.linear import recipes as recipes_lib
 from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode
-from tetrajet_jax.linear.linear import linear, outlier_count, validate_linear_shapes
+from tetrajet_jax.linear.linear import (ChannelSplit, linear, outlier_count, validate_channel_split,
+                                        validate_linear_shapes)
 
 OUTCONTROL_PHASES = ("fp4", "calibrate", "frozen")
 
@@ -85,18 +92,49 @@ class QuantLinear(nnx.Module):
     self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
     self.key_seed = QuantKeyState(jax.random.key_data(_stream_key(rngs)))
     self.key_count = QuantKeyState(jnp.zeros((), jnp.uint32))
-    n_out = outlier_count(in_features, self.recipe.outlier_fraction) if self.recipe.quantized else 0
+    n_out = (outlier_count(in_features, self.recipe.outlier_fraction, self.recipe.outlier_rounding)
+             if self.recipe.quantized else 0)
     self.outcontrol_phase = "fp4"
     if n_out:
       self.oc_stats = OutControlStats(jnp.zeros((in_features,), jnp.float32))
       self.oc_channels = OutControlChannels(jnp.arange(n_out, dtype=jnp.int32))
+      self.oc_fp4_channels = OutControlChannels(jnp.arange(n_out, in_features, dtype=jnp.int32))
     else:
       self.oc_stats = None
       self.oc_channels = None
+      self.oc_fp4_channels = None
 
   @property
   def has_outcontrol(self) -> bool:
     return self.oc_channels is not None
+
+  def channel_split(self) -> ChannelSplit | None:
+    """The frozen split (outliers, FP4 order), or None before freezing / without OutControl."""
+    if not self.has_outcontrol or self.outcontrol_phase != "frozen":
+      return None
+    return ChannelSplit(self.oc_channels[...], self.oc_fp4_channels[...])
+
+  def set_channel_order(self, order: jax.typing.ArrayLike) -> None:
+    """Sets the split from a permutation of the K channels: the first n
+    (this layer's outlier count) run in MXFP8, the rest in FP4 in that order.
+
+    Raises:
+      ValueError: not a permutation of range(K), or the layer has no OutControl.
+    """
+    if not self.has_outcontrol:
+      raise ValueError("set_channel_order: this layer has no OutControl (recipe outlier_fraction is 0).")
+    order = jnp.asarray(order, jnp.int32)
+    n = self.oc_channels[...].shape[0]
+    if order.shape != (self.in_features,):
+      raise ValueError(f"set_channel_order: order has shape {order.shape}; it must list all "
+                       f"{self.in_features} input channels.")
+    validate_channel_split(order[:n], order[n:], self.in_features)
+    self._assign_order(order)
+
+  def _assign_order(self, order: jax.Array) -> None:
+    n = self.oc_channels[...].shape[0]
+    self.oc_channels[...] = order[:n].astype(jnp.int32)
+    self.oc_fp4_channels[...] = order[n:].astype(jnp.int32)
 
   def next_key(self) -> jax.Array:
     """A fresh key for this call; advances the layer's counter."""
@@ -106,15 +144,15 @@ class QuantLinear(nnx.Module):
 
   def __call__(self, x: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
     """Args: x [..., in]; key: optional explicit key (else the layer's stream)."""
-    outlier_idx = None
     if self.has_outcontrol and self.outcontrol_phase == "calibrate":
       xs = jax.lax.stop_gradient(x).astype(jnp.float32).reshape(-1, self.in_features)
       self.oc_stats[...] = self.oc_stats[...] + jnp.sqrt(jnp.sum(xs * xs, axis=0))
-    elif self.has_outcontrol and self.outcontrol_phase == "frozen":
-      outlier_idx = self.oc_channels[...]
+    split = self.channel_split()
     if key is None and self.recipe.quantized:
       key = self.next_key()
-    y = linear(x, self.kernel[...], recipe=self.recipe, key=key, outlier_idx=outlier_idx, gemm=self.gemm)
+    y = linear(x, self.kernel[...], recipe=self.recipe, key=key, gemm=self.gemm,
+               outlier_idx=None if split is None else split.outlier,
+               fp4_idx=None if split is None else split.fp4)
     if self.bias is not None:
       y = y + self.bias[...].astype(y.dtype)
     return y
@@ -137,7 +175,9 @@ def set_outcontrol_phase(model: nnx.Module, phase: str) -> None:
 
 
 def freeze_outlier_channels(model: nnx.Module) -> dict[str, int]:
-  """Freezes each OutControl layer's top channels by accumulated norm.
+  """Freezes each OutControl layer's channel order: descending accumulated
+  norm (ties by index); the first n run in MXFP8, the rest in FP4 in that
+  order (spec 4).
 
   Returns {layer path: channel count}. Raises if a layer saw no calibration
   data (its statistics are all zero): run phase "calibrate" first.
@@ -151,11 +191,17 @@ def freeze_outlier_channels(model: nnx.Module) -> dict[str, int]:
       raise ValueError(f"OutControl layer {'/'.join(map(str, path))} has no calibration statistics; "
                        "run some steps with set_outcontrol_phase(model, 'calibrate') first.")
     n = layer.oc_channels[...].shape[0]
-    top = jax.lax.top_k(stats, n)[1]
-    layer.oc_channels[...] = jnp.sort(top).astype(jnp.int32)
+    # A permutation by construction: no host-side check (the arrays may span processes).
+    layer._assign_order(jnp.argsort(-stats, stable=True))  # pylint: disable=protected-access
     layer.outcontrol_phase = "frozen"
     frozen["/".join(map(str, path))] = n
   return frozen
+
+
+def outlier_fractions(model: nnx.Module) -> dict[str, float]:
+  """{layer path: effective OutControl fraction n/K} for every layer with OutControl."""
+  return {"/".join(map(str, path)): layer.oc_channels[...].shape[0] / layer.in_features
+          for path, layer in iter_quant_linears(model) if layer.has_outcontrol}
 
 
 def _kernel_paths(model: nnx.Module) -> dict[tuple[str, ...], QuantLinear]:
@@ -175,7 +221,8 @@ def quantized_kernel_filter(model: nnx.Module) -> Callable[[tuple[str, ...], Any
 
 def outlier_channels_tree(model: nnx.Module, params: Any | None = None) -> Any:
   """A pytree like the model's pure param dict: each quantized kernel with
-  frozen OutControl channels holds its int32 indices, every other leaf None."""
+  frozen OutControl channels holds its `ChannelSplit` (outliers, FP4 order),
+  every other leaf None (OsciReset's `outlier_channels`)."""
   if params is None:
     params = nnx.state(model, nnx.Param).to_pure_dict()
   layers = _kernel_paths(model)
@@ -184,9 +231,7 @@ def outlier_channels_tree(model: nnx.Module, params: Any | None = None) -> Any:
     del leaf
     key = tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
     layer = layers.get(key)
-    if layer is not None and layer.has_outcontrol and layer.outcontrol_phase == "frozen":
-      return layer.oc_channels[...]
-    return None
+    return None if layer is None else layer.channel_split()
 
   return jax.tree_util.tree_map_with_path(pick, params)
 

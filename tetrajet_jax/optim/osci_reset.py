@@ -3,15 +3,21 @@ their master weights onto the value they keep landing on (spec section 3).
 
 For every element of every tracked weight, with Q the forward quantizer:
   D_Q = sum_t |Q(w_t) - Q(w_{t-1})|,  D_W = sum_t |w_t - w_{t-1}|
-over a window of T updates, R = D_Q / D_W (0 where D_W = 0); at the window's
-last update, elements with R >= tau land exactly on Q(w). An oscillating
-element has a large D_Q (every flip costs a whole grid gap) for a tiny D_W.
+over a window of T updates, R = D_Q / D_W (0 where D_W = 0); one update
+after the window (as the reference does), elements with R >= tau land
+exactly on Q(w). An oscillating element has a large D_Q (every flip costs a
+whole grid gap) for a tiny D_W.
 
 Schedule, in optimizer updates n = 0, 1, ... (the update that turns w_n into
 w_{n+1}): periods start at S, S + P, S + 2P, ...; updates n in
-[S + kP, S + kP + T) form the window of period k; the window's last update
-n = S + kP + T - 1 applies the reset. Before S and between windows the
-transformation only counts updates. Q(w_{n}) is recomputed from `params`
+[S + kP, S + kP + T) form the window of period k; the next update
+n = S + kP + T applies the reset (it adds nothing to the sums). Before S and
+between windows the transformation only counts updates.
+
+In OutControl layers only the FP4 rows take part, and Q is the forward's own
+quantization of the gathered FP4 rows in the layer's FP4 order (spec 3):
+`update(..., outlier_channels=tree)` passes each such kernel's
+`ChannelSplit` (`tetrajet_jax.nn.outlier_channels_tree`). Q(w_{n}) is recomputed from `params`
 (the optimizer's input), so no snapshot of weights or codes is stored.
 
 The transformation goes after the optimizer in a chain, so it sees the
@@ -42,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from tetrajet_jax.linear.linear import ChannelSplit, channel_split
 from tetrajet_jax.optim.weight_quantizer import (NVFP4WeightQuantizer, ParamFilter, Path, Quantizer,
                                                  default_param_filter, leaves_with_paths, nest, path_name)
 
@@ -89,17 +96,37 @@ def _exact_step(p: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
   return d, ok
 
 
-def _row_active(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any]) -> jax.Array:
-  """bool [shape[0]]: rows (input channels) that take part; outlier rows are False."""
-  idx = outliers.get(path)
-  active = jnp.ones((shape[0],), jnp.bool_)
-  if idx is None:
-    return active
-  idx = jnp.asarray(idx)
-  if not jnp.issubdtype(idx.dtype, jnp.integer):
-    raise ValueError(f"osci_reset: outlier_channels for {path_name(path)!r} must be integer indices, "
-                     f"got dtype {idx.dtype}.")
-  return active.at[idx.reshape(-1).astype(jnp.int32)].set(False, mode="drop")
+def outlier_leaves(outlier_channels: Any) -> dict[Path, Any]:
+  """{path: ChannelSplit or int outlier rows} of an `outlier_channels` tree (None leaves dropped)."""
+  if outlier_channels is None:
+    return {}
+  flat = leaves_with_paths(outlier_channels, is_leaf=lambda x: x is None or isinstance(x, ChannelSplit))
+  return {p: v for p, v in flat.items() if v is not None}
+
+
+def leaf_fp4_rows(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any]) -> tuple[jax.Array, Any]:
+  """(bool [shape[0]] rows that take part, FP4 rows in the forward's order or None = all rows).
+
+  An outlier_channels leaf is a ChannelSplit, or int outlier rows (the FP4
+  part then takes the other rows ascending, as `linear` does without fp4_idx).
+  """
+  split = outliers.get(path)
+  if split is None:
+    return jnp.ones((shape[0],), jnp.bool_), None
+  if not isinstance(split, ChannelSplit):
+    idx = jnp.asarray(split)
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+      raise ValueError(f"osci_reset: outlier_channels for {path_name(path)!r} must be integer indices or a "
+                       f"ChannelSplit, got dtype {idx.dtype}.")
+    if len(shape) != 2:
+      raise ValueError(f"osci_reset: outlier rows for {path_name(path)!r} need a 2-D [in, out] kernel, "
+                       f"got shape {shape}.")
+    try:
+      split = channel_split(idx.reshape(-1), shape[0])
+    except ValueError as e:
+      raise ValueError(f"osci_reset: outlier_channels for {path_name(path)!r}: {e}") from None
+  rows = jnp.asarray(split.fp4, jnp.int32)
+  return jnp.zeros((shape[0],), jnp.bool_).at[rows].set(True), rows
 
 
 def osci_reset(
@@ -116,14 +143,17 @@ def osci_reset(
 
   Args:
     start_step: first update of the first period (spec S); nothing happens
-      before it. Small runs rescale S, P, T to their own schedule (the paper
-      starts 60-70% into the cosine decay).
+      before it. Runs of other lengths rescale S only
+      (`tetrajet_jax.train.schedule.scaled_osci_reset`).
     period: updates between period starts (spec P).
-    window: updates per window (spec T), 1 <= window < period.
+    window: updates per window (spec T), 1 <= window < period; the reset
+      is the update after the window.
     threshold: tau; elements with D_Q / D_W >= tau are reset.
     quantizer: w -> Q(w), float32 of w's shape; default: the forward's RTN
       NVFP4 along axis 0 of [in, out] kernels (`NVFP4WeightQuantizer()`).
-      With track_fraction < 1 it must also have `edge_distance(w)`.
+      For kernels with outlier channels it is called as quantizer(w, rows),
+      rows the FP4 rows in the forward's order. With track_fraction < 1 it
+      must also have `edge_distance(w[, rows])`.
     param_filter: (path, leaf) -> bool, path a tuple of str keys; default
       `default_param_filter` (2-D 'kernel' leaves outside 'embed'/'lm_head').
       Tracked leaves must be float32 (the master weights).
@@ -134,8 +164,10 @@ def osci_reset(
   Returns:
     A GradientTransformationExtraArgs. `update(updates, state, params,
     outlier_channels=None)` needs `params`; `outlier_channels` is a tree like
-    params (or a sub-tree of it) whose leaves are int32 row indices (input
-    channels, axis 0) that run in MXFP8, or None; those rows never take part.
+    params (or a sub-tree of it) whose leaves are `ChannelSplit`s (MXFP8
+    rows, FP4 rows in the forward's gather order), int32 MXFP8 row indices
+    (FP4 rows then ascending), or None. MXFP8 rows never take part, and
+    Q(w) of the FP4 rows is the forward's quantization of those rows.
 
   Example:
     >>> tx = optax.chain(optax.adamw(1e-3),
@@ -197,19 +229,21 @@ def osci_reset(
         num_reset=nest({p: zero(w) for p, w in tracked.items()}),
     )
 
-  def leaf_window_step(path, p, u, fields, row_active, starts, ends):
-    """One window update of one leaf: (new update, new per-leaf fields)."""
+  def leaf_window_step(p, u, fields, row_active, rows, starts, ends):
+    """One window update (or the reset update after it, `ends`) of one leaf: (new update, new fields)."""
     d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset = fields
+    q_of = quantizer if rows is None else (lambda w: quantizer(w, rows))
     # Barriers keep XLA (CPU) from contracting a product feeding these adds into an FMA: the
     # upstream update and Q(w) = (q * s_in) * s_out must be rounded to float32 before they are
     # added or subtracted, or w_new, D_Q and the exact landing would not be float32 arithmetic.
     p, u = jax.lax.optimization_barrier((p, u))
     w_new = (p + u).astype(p.dtype)  # what optax.apply_updates will produce
-    q_prev, q_new = jax.lax.optimization_barrier((quantizer(p), quantizer(w_new)))
+    q_prev, q_new = jax.lax.optimization_barrier((q_of(p), q_of(w_new)))
     active = jnp.broadcast_to(row_active.reshape((-1,) + (1,) * (p.ndim - 1)), p.shape)
     if lean:
       def select(_):
-        score = jnp.where(active, quantizer.edge_distance(p), jnp.inf).reshape(-1)
+        dist = quantizer.edge_distance(p) if rows is None else quantizer.edge_distance(p, rows)
+        score = jnp.where(active, dist, jnp.inf).reshape(-1)
         _, idx = jax.lax.top_k(-score, index.shape[0])
         return jnp.sort(idx).astype(jnp.int32)  # sorted: gathers and scatters walk memory in order
       index = jax.lax.cond(starts, select, lambda _: index, None)
@@ -217,8 +251,9 @@ def osci_reset(
       p_t, q_prev_t, q_new_t, w_new_t, active_t = map(pick, (p, q_prev, q_new, w_new, active))
     else:
       p_t, q_prev_t, q_new_t, w_new_t, active_t = p, q_prev, q_new, w_new, active
-    d_q = jnp.where(starts, 0.0, d_q) + jnp.where(active_t, jnp.abs(q_new_t - q_prev_t), 0.0)
-    d_w = jnp.where(starts, 0.0, d_w) + jnp.where(active_t, jnp.abs(w_new_t - p_t), 0.0)
+    acc = active_t & ~ends  # the reset update adds nothing to the window's sums
+    d_q = jnp.where(starts, 0.0, d_q) + jnp.where(acc, jnp.abs(q_new_t - q_prev_t), 0.0)
+    d_w = jnp.where(starts, 0.0, d_w) + jnp.where(acc, jnp.abs(w_new_t - p_t), 0.0)
     risk = jnp.where(d_w > 0, d_q / jnp.where(d_w > 0, d_w, 1.0), 0.0)
     risky = active_t & (risk >= threshold)
     step, exact = _exact_step(p_t, q_new_t)
@@ -248,8 +283,7 @@ def osci_reset(
                          f"the tree changed since init.")
     outliers: dict[Path, Any] = {}
     if outlier_channels is not None:
-      outliers = {p: v for p, v in leaves_with_paths(outlier_channels, is_leaf=lambda x: x is None).items()
-                  if v is not None}
+      outliers = outlier_leaves(outlier_channels)
       unknown = [path_name(p) for p in outliers if p not in p_leaves]
       if unknown:
         raise ValueError(f"osci_reset: outlier_channels names paths that are not parameters: {unknown}.")
@@ -264,18 +298,18 @@ def osci_reset(
                       per_leaf(state.num_risky_last), per_leaf(state.num_reset)))
     us = [u_leaves[p] for p in names]
     ps = [p_leaves[p] for p in names]
-    rows = [_row_active(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
+    rows = [leaf_fp4_rows(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
 
     n = state.count
     offset = n - start_step
     phase = jnp.where(offset >= 0, offset % period, period)
-    in_window = (offset >= 0) & (phase < window)
-    starts, ends = phase == 0, phase == window - 1
+    in_window = (offset >= 0) & (phase <= window)  # the window's T updates and the reset update
+    starts, ends = phase == 0, phase == window
 
     def window_step(operands):
       us, fields = operands
-      out = [leaf_window_step(path, p, u, f, r, starts, ends)
-             for path, p, u, f, r in zip(names, ps, us, fields, rows)]
+      out = [leaf_window_step(p, u, f, r[0], r[1], starts, ends)
+             for p, u, f, r in zip(ps, us, fields, rows)]
       return [o[0] for o in out], [o[1] for o in out]
 
     new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))

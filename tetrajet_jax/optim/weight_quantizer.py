@@ -5,7 +5,10 @@ The quantized linear keeps Flax's kernel layout [in, out] and quantizes it
 along `in` (axis 0, the GEMM's reduction axis) with RTN double-block NVFP4
 (spec section 1). `NVFP4WeightQuantizer` is that quantizer, plus the latent
 value w / s (s = s_in * s_out, the element's scale) that the memory-lean
-variant and the diagnostics need.
+variant and the diagnostics need. In an OutControl layer the forward
+quantizes only the FP4 rows, gathered in the layer's FP4 order; given those
+rows (`rows=`), the quantizer calls the layer's own weight quantization
+(`tetrajet_jax.linear.fp4_weight_values`), so its blocks are the forward's.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from tetrajet_jax.linear.linear import fp4_weight_values
 from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
 
 Path = tuple[str, ...]
 ParamFilter = Callable[[Path, Any], bool]
-Quantizer = Callable[[jax.Array], jax.Array]
+Quantizer = Callable[..., jax.Array]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,32 +34,48 @@ class NVFP4WeightQuantizer:
   `q(w) == dequantize_nvfp4(quantize_nvfp4(w, axis=axis))`, the values the
   forward GEMM multiplies. Lengths along `axis` that are not a multiple of 128
   are zero-padded by the quantizer, as in the forward.
+
+  Every method takes `rows`: None, or int32 [K'] row indices of a 2-D
+  [in, out] kernel (axis 0) in the order an OutControl layer's FP4 part
+  gathers them. Then only those rows are quantized, in that order (the
+  forward's blocks); other rows get 0 from `__call__` and scale 1.
   """
 
   axis: int = 0
 
-  def __call__(self, w: jax.typing.ArrayLike) -> jax.Array:
+  def _check_rows(self, w, rows) -> None:
+    if rows is not None and (self.axis != 0 or jnp.ndim(w) != 2):
+      raise ValueError(f"NVFP4WeightQuantizer: rows= needs a 2-D [in, out] kernel quantized along axis 0; "
+                       f"got axis {self.axis}, shape {jnp.shape(w)}.")
+
+  def __call__(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
+    self._check_rows(w, rows)
+    if rows is not None:
+      return fp4_weight_values(jnp.asarray(w, jnp.float32), rows)
     return dequantize_nvfp4(quantize_nvfp4(w, axis=self.axis))
 
-  def scale(self, w: jax.typing.ArrayLike) -> jax.Array:
+  def scale(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
     """Each element's scale s = fp32(s_in * s_out) (float32, w's shape), as the quantizer computes it."""
+    self._check_rows(w, rows)
     w = jnp.asarray(w, jnp.float32)
+    if rows is not None:
+      return jnp.ones(w.shape, jnp.float32).at[rows].set(self.scale(w[rows]))
     t = quantize_nvfp4(w, axis=self.axis)
     s_out = jnp.repeat(t.scale_outer, 8, axis=-1)  # [..., Kp/16]
     s = jnp.repeat(t.scale_inner.astype(jnp.float32) * s_out, 16, axis=-1)  # [..., Kp] canonical
     k = w.shape[t.axis]
     return jnp.moveaxis(s[..., :k], -1, t.axis)  # w's layout
 
-  def latent(self, w: jax.typing.ArrayLike) -> jax.Array:
+  def latent(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
     """w / s in grid units (float32, w's shape); RTN of it gives the E2M1 code.
 
     s is computed exactly as the quantizer computes it, so
     `round_e2m1_nearest(latent(w))` reproduces the forward's codes bitwise.
     """
     w = jnp.asarray(w, jnp.float32)
-    return w / self.scale(w)
+    return w / self.scale(w, rows)
 
-  def edge_distance(self, w: jax.typing.ArrayLike) -> jax.Array:
+  def edge_distance(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
     """Distance of each element to its nearest RTN decision threshold, in units of the local grid gap.
 
     0 on a threshold (the midpoint between two E2M1 neighbours), 0.5 on a grid
@@ -63,7 +83,7 @@ class NVFP4WeightQuantizer:
     memory-lean variant's score (spec 3: |w/s - q| / bin width, measured from
     the decision edge): small means one small step flips Q(w).
     """
-    return e2m1_edge_distance(self.latent(w))
+    return e2m1_edge_distance(self.latent(w, rows))
 
 
 def e2m1_edge_distance(v: jax.Array) -> jax.Array:

@@ -3,14 +3,14 @@
 from tetrajet_jax.train.arms import ARMS, Arm, get_arm, parse_arms
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.metrics import MetricsWriter, read_jsonl
-from tetrajet_jax.train.schedule import (CalibrationWindow, OsciResetWindows, Schedule, scaled_calibration,
-                                         scaled_osci_reset)
+from tetrajet_jax.train.schedule import (CalibrationWindow, OsciResetScheduleError, OsciResetWindows, Schedule,
+                                         default_lr_steps, scaled_calibration, scaled_osci_reset)
 from tetrajet_jax.train.trainer import (NonFiniteLossError, TrainConfig, TrainData, Trainer, TrainResult,
                                         build_optimizer)
 
 __all__ = [
-    "ARMS", "Arm", "CalibrationWindow", "CheckpointError", "Checkpointer", "MetricsWriter",
-    "NonFiniteLossError", "OsciResetWindows", "Schedule", "TrainConfig", "TrainData", "TrainResult",
-    "Trainer", "build_optimizer", "get_arm", "parse_arms", "read_jsonl", "scaled_calibration",
+    "ARMS", "Arm", "CalibrationWindow", "CheckpointError", "Checkpointer", "MetricsWriter", "NonFiniteLossError",
+    "OsciResetScheduleError", "OsciResetWindows", "Schedule", "TrainConfig", "TrainData", "TrainResult", "Trainer",
+    "build_optimizer", "default_lr_steps", "get_arm", "parse_arms", "read_jsonl", "scaled_calibration",
     "scaled_osci_reset",
 ]

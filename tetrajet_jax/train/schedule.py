@@ -1,28 +1,27 @@
 """Learning-rate schedule and the method's step windows, scaled to a run.
 
-LR: linear warmup from ``peak/warmup`` to ``peak`` over ``warmup_steps``,
-then cosine decay to ``final_ratio * peak`` at the last step (spec 6: 0.1x).
+LR (spec 6, in tokens; a run has a fixed number of tokens per step, so the
+token points are step points): linear warmup from ``peak/warmup`` to
+``peak`` over ``warmup_steps``, cosine decay to ``final_ratio * peak``
+(0.1x) at ``t_max_steps``, then flat at that floor until the last step.
+Defaults (`default_lr_steps`) scale the paper's 70M run: warmup 1e9 tokens
+= 2% of t_max = 50e9 tokens, and t_max = 50e9 of the run's 12,505 x 1024 x
+4096 tokens (95.3% of the run).
 
-The paper's OsciReset and OutControl step numbers belong to runs of 12-50k
-steps; a shorter run must place them at the same *relative* points of its
-own schedule. The rules, with the reference numbers they come from (70M:
-52B tokens at 1024x4096 tokens per step = 12,398 steps):
+OsciReset (spec 3): window T = 50 and period P = 200 as in the reference;
+only the start S moves, to the same point of the run's own schedule as the
+reference's step 8000 of 12,505 (the same cosine-decay progress, 0.664,
+where the LR is 0.33x peak). The reset is the update after each window. A
+run with room for fewer than 3 resets is refused
+(`OsciResetScheduleError`, naming the minimum run length) unless the caller
+sets the window and period explicitly.
 
-* OsciReset start ``S``: the first step whose cosine-decay progress
-  (``(step - warmup) / (total - warmup)``) reaches 0.65, where the LR is
-  0.35x peak. Spec 3: "60-70% into the cosine decay, LR about 0.26-0.42 of
-  peak" (70M: S = 8000 of 12,398).
-* Period ``P = max(8, (total - S) // 24)``: about 24 reset rounds fit after
-  S, as in the reference (70M: (12,398 - 8000) / 200 = 22; 370M: 39).
-* Window ``T = clamp(P // 4, 2, 50)``: the reference 50 updates out of a
-  200-step period; never more than 50, never fewer than 2 (a ratio of
-  changes needs at least two updates).
-* OutControl calibration: reference steps 501-550 of 12,398, i.e. starting
-  at 4.0% of the run and lasting 0.4% of it; here
-  ``start = max(1, round(0.0403 * total))``,
-  ``length = max(4, round(0.00403 * total))``. Layers run pure FP4 before
-  the window, accumulate channel statistics during it, and use the frozen
-  top-p channels after it.
+OutControl calibration: reference steps 501-550 of 12,505, i.e. starting
+at 4.0% of the run and lasting 0.4% of it; here
+``start = max(1, round(501 / 12505 * total))``,
+``length = max(4, round(50 / 12505 * total))``. Layers run pure FP4 before
+the window, accumulate channel statistics during it, and use the frozen
+top-p channels after it.
 """
 
 from __future__ import annotations
@@ -32,12 +31,38 @@ import math
 
 import jax.numpy as jnp
 
-OSCI_START_DECAY_PROGRESS = 0.65
-OSCI_ROUNDS = 24
-OSCI_MIN_PERIOD = 8
-OSCI_MAX_WINDOW = 50
-CALIB_START_FRACTION = 501 / 12398
-CALIB_LENGTH_FRACTION = 50 / 12398
+# The paper's 70M run (spec 6): tokens per step, steps, warmup and t_max in tokens, OsciReset start.
+REF_TOKENS_PER_STEP = 1024 * 4096
+REF_TOTAL_STEPS = 12505
+REF_WARMUP_TOKENS = 1e9
+REF_T_MAX_TOKENS = 50e9
+REF_OSCI_START = 8000
+WARMUP_FRACTION_OF_T_MAX = REF_WARMUP_TOKENS / REF_T_MAX_TOKENS
+T_MAX_FRACTION_OF_RUN = REF_T_MAX_TOKENS / (REF_TOTAL_STEPS * REF_TOKENS_PER_STEP)
+# Cosine-decay progress of the reference's OsciReset start.
+OSCI_START_DECAY_PROGRESS = ((REF_OSCI_START - REF_WARMUP_TOKENS / REF_TOKENS_PER_STEP)
+                             / ((REF_T_MAX_TOKENS - REF_WARMUP_TOKENS) / REF_TOKENS_PER_STEP))
+OSCI_WINDOW = 50
+OSCI_PERIOD = 200
+OSCI_MIN_RESETS = 3
+CALIB_START_FRACTION = 501 / REF_TOTAL_STEPS
+CALIB_LENGTH_FRACTION = 50 / REF_TOTAL_STEPS
+
+
+class OsciResetScheduleError(ValueError):
+  """The run is too short for OsciReset's reference window and period."""
+
+
+def default_lr_steps(total_steps: int, warmup_steps: int | None = None,
+                     t_max_steps: int | None = None) -> tuple[int, int]:
+  """(warmup_steps, t_max_steps) for a run of ``total_steps``; None = the
+  paper's 70M ratios (t_max = 95.3% of the run, warmup = 2% of t_max, at
+  least 1 step)."""
+  if t_max_steps is None:
+    t_max_steps = max(1, min(total_steps - 1, round(T_MAX_FRACTION_OF_RUN * total_steps)))
+  if warmup_steps is None:
+    warmup_steps = min(max(1, round(WARMUP_FRACTION_OF_T_MAX * t_max_steps)), max(t_max_steps - 1, 0))
+  return warmup_steps, t_max_steps
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,13 +73,16 @@ class Schedule:
     total_steps: optimizer steps in the run.
     warmup_steps: linear warmup steps (< total_steps).
     peak_lr: LR at the end of warmup.
-    final_ratio: LR at the last step, as a fraction of peak.
+    final_ratio: the floor (LR at t_max and after), as a fraction of peak.
+    t_max_steps: the step where the cosine reaches the floor; None = the
+      last step (total_steps - 1). `default_lr_steps` gives the paper's.
   """
 
   total_steps: int
   warmup_steps: int
   peak_lr: float
   final_ratio: float = 0.1
+  t_max_steps: int | None = None
 
   def __post_init__(self):
     if self.total_steps < 2:
@@ -66,24 +94,32 @@ class Schedule:
       raise ValueError(f"peak_lr={self.peak_lr} must be > 0.")
     if not 0 <= self.final_ratio <= 1:
       raise ValueError(f"final_ratio={self.final_ratio} must be in [0, 1].")
+    if self.t_max_steps is not None and self.t_max_steps <= self.warmup_steps:
+      raise ValueError(f"t_max_steps={self.t_max_steps} must be after warmup_steps={self.warmup_steps}.")
+
+  @property
+  def t_max(self) -> int:
+    """The step where the cosine reaches the floor."""
+    return self.total_steps - 1 if self.t_max_steps is None else self.t_max_steps
 
   def lr(self, step):
     """LR used by the update of ``step`` (0-based); works on ints and traced arrays."""
     step = jnp.asarray(step, jnp.float32)
-    W, S, peak = self.warmup_steps, self.total_steps, self.peak_lr
+    W, peak = self.warmup_steps, self.peak_lr
     warm = peak * (step + 1.0) / max(W, 1)
-    progress = jnp.clip((step - W) / max(S - 1 - W, 1), 0.0, 1.0)
+    progress = jnp.clip((step - W) / max(self.t_max - W, 1), 0.0, 1.0)  # 1 (the floor) from t_max on
     final = self.final_ratio * peak
     cos = final + (peak - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
     return jnp.where(step < W, warm, cos)
 
   def decay_progress(self, step: int) -> float:
-    return min(max((step - self.warmup_steps) / max(self.total_steps - 1 - self.warmup_steps, 1), 0.0), 1.0)
+    return min(max((step - self.warmup_steps) / max(self.t_max - self.warmup_steps, 1), 0.0), 1.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OsciResetWindows:
-  """Where OsciReset runs: first window at ``start_step``, every ``period`` steps, ``window`` long."""
+  """Where OsciReset runs: first window at ``start_step``, every ``period`` steps, ``window`` long;
+  each reset is the update after a window."""
 
   start_step: int
   period: int
@@ -121,13 +157,62 @@ class CalibrationWindow:
     return "calibrate" if step < self.end else "frozen"
 
 
-def scaled_osci_reset(schedule: Schedule, *, threshold: float = 8.0) -> OsciResetWindows:
-  """OsciReset placement for ``schedule`` (module docstring: the rule and its source)."""
-  decay = schedule.total_steps - 1 - schedule.warmup_steps
-  start = schedule.warmup_steps + math.ceil(OSCI_START_DECAY_PROGRESS * decay)
-  period = max(OSCI_MIN_PERIOD, (schedule.total_steps - start) // OSCI_ROUNDS)
-  window = min(max(period // 4, 2), OSCI_MAX_WINDOW)
-  return OsciResetWindows(start_step=start, period=period, window=window, threshold=threshold)
+def osci_resets_in_run(total_steps: int, start: int, period: int, window: int) -> int:
+  """How many resets (the updates start + k*period + window) fall on updates 0..total_steps-1."""
+  last = total_steps - 1 - start - window
+  return 0 if last < 0 else last // period + 1
+
+
+def _scaled_start(schedule: Schedule) -> int:
+  return schedule.warmup_steps + math.ceil(OSCI_START_DECAY_PROGRESS * (schedule.t_max - schedule.warmup_steps))
+
+
+def osci_reset_min_steps(schedule: Schedule, *, start: int | None = None) -> int:
+  """The shortest run that fits OSCI_MIN_RESETS resets at T = 50, P = 200,
+  with ``start`` if fixed, else with the default warmup and t_max
+  (`default_lr_steps`) if this schedule uses them, else with its proportions."""
+  defaults = (schedule.warmup_steps, schedule.t_max) == default_lr_steps(schedule.total_steps)
+  n = max(schedule.total_steps, 2)
+  while True:
+    if start is None:
+      if defaults:
+        warm, t_max = default_lr_steps(n)
+      else:
+        t_max = max(1, round(schedule.t_max / schedule.total_steps * n))
+        warm = min(round(schedule.warmup_steps / schedule.total_steps * n), t_max - 1)
+      s = _scaled_start(Schedule(total_steps=n, warmup_steps=warm, peak_lr=1.0, t_max_steps=t_max))
+    else:
+      s = start
+    if osci_resets_in_run(n, s, OSCI_PERIOD, OSCI_WINDOW) >= OSCI_MIN_RESETS:
+      return n
+    n += 1
+
+
+def scaled_osci_reset(schedule: Schedule, *, threshold: float = 8.0, start: int | None = None,
+                      period: int | None = None, window: int | None = None) -> OsciResetWindows:
+  """OsciReset placement for ``schedule`` (module docstring: the rule and its source).
+
+  ``start``, ``period``, ``window``: explicit values (None = the rule: S
+  scaled, P = 200, T = 50).
+
+  Raises:
+    OsciResetScheduleError: fewer than 3 resets fit in the run and neither
+      ``period`` nor ``window`` was set explicitly; the message names the
+      minimum run length.
+  """
+  s = _scaled_start(schedule) if start is None else start
+  p = OSCI_PERIOD if period is None else period
+  w = OSCI_WINDOW if window is None else window
+  if period is None and window is None:
+    fits = osci_resets_in_run(schedule.total_steps, s, p, w)
+    if fits < OSCI_MIN_RESETS:
+      need = osci_reset_min_steps(schedule, start=start)
+      raise OsciResetScheduleError(
+          f"OsciReset: a run of {schedule.total_steps} steps has room for {fits} reset(s) at start S={s}, "
+          f"window T={w}, period P={p} (the reference values); it needs {OSCI_MIN_RESETS}. Train for at least "
+          f"{need} steps, or set the window or period explicitly (--osci-window / --osci-period) to accept "
+          f"values that may not tell an oscillation from one honest crossing.")
+  return OsciResetWindows(start_step=s, period=p, window=w, threshold=threshold)
 
 
 def scaled_calibration(schedule: Schedule) -> CalibrationWindow:

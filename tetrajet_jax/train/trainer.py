@@ -60,8 +60,8 @@ from tetrajet_jax.train.arms import Arm, get_arm
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
-from tetrajet_jax.train.schedule import (CalibrationWindow, OsciResetWindows, Schedule, scaled_calibration,
-                                         scaled_osci_reset)
+from tetrajet_jax.train.schedule import (OSCI_PERIOD, OSCI_WINDOW, CalibrationWindow, OsciResetWindows, Schedule,
+                                         default_lr_steps, scaled_calibration, scaled_osci_reset)
 
 
 _STEP_FNS: dict[Any, Callable] = {}
@@ -82,14 +82,18 @@ class TrainConfig:
     batch_size: sequences per step (global).
     seq_len: tokens per sequence.
     total_steps: optimizer steps; the LR schedule ends here.
-    warmup_steps: linear warmup; default 5% of total_steps (at least 1).
+    warmup_steps: linear warmup; default 2% of t_max (`schedule.default_lr_steps`).
+    t_max_steps: where the cosine reaches the floor (then flat to the end);
+      default 95.3% of total_steps (the paper's 70M ratio).
     peak_lr: default: the model config's ``peak_lr``.
-    final_lr_ratio: LR at the end as a fraction of peak (spec: 0.1).
+    final_lr_ratio: the LR floor (at t_max and after) as a fraction of peak (spec: 0.1).
     weight_decay, b1, b2, eps, clip_norm: AdamW and clipping (spec 6).
     seed: model init and quantization key streams.
     data_seed: shuffle seed of the training windows.
     osci_start, osci_period, osci_window, osci_threshold: OsciReset
-      placement; ``None`` = scaled to the schedule (`schedule.scaled_osci_reset`).
+      placement; ``None`` = the reference T = 50, P = 200 with S scaled to
+      the schedule (`schedule.scaled_osci_reset`, which refuses a run with
+      room for fewer than 3 resets unless period or window is given).
     calib_start, calib_steps: OutControl calibration window; ``None`` = scaled.
     layers: override the model config's number of blocks (quick experiments).
     monitor_oscillation: quantized arms without OsciReset measure the
@@ -115,6 +119,7 @@ class TrainConfig:
   seq_len: int
   total_steps: int
   warmup_steps: int | None = None
+  t_max_steps: int | None = None
   peak_lr: float | None = None
   final_lr_ratio: float = 0.1
   weight_decay: float = 0.1
@@ -161,14 +166,15 @@ class TrainConfig:
           f"arm {self.arm!r}: batch_size x seq_len = {self.batch_size} x {self.seq_len} = {tokens} tokens "
           f"per step is not a multiple of {QUANT_BLOCK}; the weight-gradient quantizers (Q5/Q6) "
           f"quantize along tokens in 1x{QUANT_BLOCK} blocks. Use e.g. seq_len a multiple of {QUANT_BLOCK}.")
-    if self.warmup_steps is None:
-      object.__setattr__(self, "warmup_steps", max(1, round(0.05 * self.total_steps)))
+    warmup, t_max = default_lr_steps(self.total_steps, self.warmup_steps, self.t_max_steps)
+    object.__setattr__(self, "warmup_steps", warmup)
+    object.__setattr__(self, "t_max_steps", t_max)
     if self.peak_lr is None:
       object.__setattr__(self, "peak_lr", get_config(self.model).peak_lr)
     self.schedule  # pylint: disable=pointless-statement  (validates steps and LR)
     if self.layers is not None and self.layers < 1:
       raise ValueError(f"layers={self.layers} must be >= 1 (or None for the config's).")
-    if arm.oscireset or (arm.quantized and self.monitor_oscillation):
+    if arm.oscireset:  # measure-only monitoring just records nothing if its windows do not fit
       w = self.osci_windows
       if w.start_step + w.window > self.total_steps:
         raise ValueError(f"OsciReset's first window [{w.start_step}, {w.start_step + w.window}) ends "
@@ -193,16 +199,16 @@ class TrainConfig:
   @property
   def schedule(self) -> Schedule:
     return Schedule(total_steps=self.total_steps, warmup_steps=self.warmup_steps, peak_lr=self.peak_lr,
-                    final_ratio=self.final_lr_ratio)
+                    final_ratio=self.final_lr_ratio, t_max_steps=self.t_max_steps)
 
   @property
   def osci_windows(self) -> OsciResetWindows:
-    scaled = scaled_osci_reset(self.schedule, threshold=self.osci_threshold)
-    return OsciResetWindows(
-        start_step=scaled.start_step if self.osci_start is None else self.osci_start,
-        period=scaled.period if self.osci_period is None else self.osci_period,
-        window=scaled.window if self.osci_window is None else self.osci_window,
-        threshold=self.osci_threshold)
+    # Measure-only monitoring (arms without OsciReset) never refuses a short run.
+    if not self.arm_spec.oscireset and self.osci_period is None and self.osci_window is None:
+      return scaled_osci_reset(self.schedule, threshold=self.osci_threshold, start=self.osci_start,
+                               period=OSCI_PERIOD, window=OSCI_WINDOW)
+    return scaled_osci_reset(self.schedule, threshold=self.osci_threshold, start=self.osci_start,
+                             period=self.osci_period, window=self.osci_window)
 
   @property
   def calibration(self) -> CalibrationWindow:
@@ -257,10 +263,12 @@ class TrainResult:
 
 
 def _decay_mask(params: Any) -> Any:
-  """Weight decay on 2-D matrices except the embedding (spec 6); never on norm weights."""
+  """Weight decay on every matrix, norm weight and bias, not on the embedding (spec 6; the
+  reference configs' decay_norm_and_bias)."""
   def decays(path, leaf):
+    del leaf
     names = [str(getattr(k, "key", k)) for k in path]
-    return leaf.ndim == 2 and not any("embed" in n for n in names)
+    return not any("embed" in n for n in names)
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -383,6 +391,7 @@ class Trainer:
       out["osci_reset"] = dataclasses.asdict(self.config.osci_windows)
     if self.arm.outcontrol:
       out["outcontrol_calibration"] = dataclasses.asdict(self.config.calibration)
+      out["outcontrol_fraction"] = qnn.outlier_fractions(self.model())  # effective n/K per layer
     return out
 
   def model(self) -> OLMo2:
@@ -447,7 +456,7 @@ class Trainer:
       (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
       grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
       extra = {}
-      if oscireset:
+      if oscireset or monitored:
         extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
       updates, opt = tx.update(grads, state["opt"], params, **extra)
       new_params = optax.apply_updates(params, updates)
