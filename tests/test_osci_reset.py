@@ -45,7 +45,8 @@ def ref_quantize(w, rows=None) -> np.ndarray:
 
 
 def ref_latent(w, rows=None) -> np.ndarray:
-  """w / s along axis 0; with `rows`, of the gathered rows in that order (other rows: w itself)."""
+  """w r along axis 0 (the element rule: subnormals flushed, times the block's correctly rounded
+  reciprocal); with `rows`, of the gathered rows in that order (other rows: w itself)."""
   w = np.asarray(w, F32)
   if rows is not None:
     out = w.copy()
@@ -54,7 +55,7 @@ def ref_latent(w, rows=None) -> np.ndarray:
   x = np.pad(w.T, ((0, 0), (0, (-w.shape[0]) % 128)))
   _, s_in, s_out = ref.nvfp4_block(x)
   s = np.repeat((s_in * np.repeat(s_out, 8, -1)).astype(F32), 16, -1)
-  return (x / s)[:, :w.shape[0]].T
+  return ref.scaled(x, s)[:, :w.shape[0]].T
 
 
 # ---------------------------------------------------------------- toy problem

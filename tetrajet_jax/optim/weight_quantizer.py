@@ -21,6 +21,8 @@ import jax.numpy as jnp
 
 from tetrajet_jax.linear.linear import fp4_weight_values
 from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
+from tetrajet_jax.numerics.e2m1 import flush_subnormal
+from tetrajet_jax.numerics.scales import reciprocal_rn
 
 Path = tuple[str, ...]
 ParamFilter = Callable[[Path, Any], bool]
@@ -67,13 +69,14 @@ class NVFP4WeightQuantizer:
     return jnp.moveaxis(s[..., :k], -1, t.axis)  # w's layout
 
   def latent(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
-    """w / s in grid units (float32, w's shape); RTN of it gives the E2M1 code.
+    """w in grid units (float32, w's shape): w r with r = fp32(1 / s) of its block.
 
-    s is computed exactly as the quantizer computes it, so
+    The quantizer's own element rule (docs/SPEC.md section 1: subnormals
+    flushed, then multiplied by the block's correctly rounded reciprocal), so
     `round_e2m1_nearest(latent(w))` reproduces the forward's codes bitwise.
     """
     w = jnp.asarray(w, jnp.float32)
-    return w / self.scale(w, rows)
+    return jnp.sign(w) * flush_subnormal(jnp.abs(w)) * reciprocal_rn(self.scale(w, rows))
 
   def edge_distance(self, w: jax.typing.ArrayLike, rows: jax.Array | None = None) -> jax.Array:
     """Distance of each element to its nearest RTN decision threshold, in units of the local grid gap.
