@@ -41,7 +41,8 @@ from typing import Any
 
 from experiments import plots
 from tetrajet_jax.data import cache as data_cache
-from tetrajet_jax.model.configs import CONFIGS, QUANT_BLOCK, get_config
+from tetrajet_jax.model.configs import CONFIGS, get_config
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 from tetrajet_jax.train.arms import ARMS, parse_arms
 from tetrajet_jax.train.metrics import read_jsonl
 
@@ -186,10 +187,10 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
   arms = parse_arms(args.arms)
   steps = _steps(args)
   tps = args.batch_size * args.seq_len
-  if any(a.quantized for a in arms) and tps % QUANT_BLOCK:
-    raise UsageError(f"batch_size x seq_len = {tps} tokens per step is not a multiple of {QUANT_BLOCK} "
+  if any(a.quantized for a in arms) and tps % OUTER_BLOCK:
+    raise UsageError(f"batch_size x seq_len = {tps} tokens per step is not a multiple of {OUTER_BLOCK} "
                      f"(the FP4 weight-gradient quantizers block along tokens); use e.g. --seq-len "
-                     f"{-(-args.seq_len // QUANT_BLOCK) * QUANT_BLOCK}.")
+                     f"{-(-args.seq_len // OUTER_BLOCK) * OUTER_BLOCK}.")
   if train_tokens is not None:
     windows = (train_tokens - 1) // args.seq_len
     if windows < args.batch_size:

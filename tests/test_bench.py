@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.bench import Rows
+from tetrajet_jax.kernels.bench import Rows
 
 
 def test_rows_are_printed_and_saved_as_they_come(tmp_path, capsys):
@@ -29,7 +29,7 @@ def test_rows_are_printed_and_saved_as_they_come(tmp_path, capsys):
 
 
 def test_markdown_tables_render_saved_results():
-  from pallas_kernels.bench import markdown_tables
+  from tetrajet_jax.kernels.bench import markdown_tables
 
   res = {"commit": "abc1234", "device": "NVIDIA H200", "jax": "0.11.2", "date": "d", "rows": [
       {"kind": "quant", "name": "xla quantize_nvfp4 bfloat16", "shape": [64, 128], "ms": 0.5, "gbps": 300.0,
@@ -62,8 +62,8 @@ def _same_layout(t, r):
 
 
 def test_rtn_attribution_variants_interpret(rng):
-  from pallas_kernels import quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
-  from pallas_kernels.bench import code_agreement
+  from tetrajet_jax.kernels import quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
+  from tetrajet_jax.kernels.bench import code_agreement
 
   x = _input(rng)
   ref = quantize_nvfp4_rtn_reference(x)
@@ -79,8 +79,8 @@ def test_rtn_attribution_variants_interpret(rng):
 
 
 def test_rht_sr_attribution_variants_interpret(rng, key):
-  from pallas_kernels import quantize_nvfp4_rht_sr
-  from pallas_kernels.bench import code_agreement
+  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr
+  from tetrajet_jax.kernels.bench import code_agreement
   from tetrajet_jax.numerics import hadamard_signs
 
   x, signs, seed = _input(rng), hadamard_signs(key), jnp.uint32(5)
@@ -97,7 +97,7 @@ def test_rht_sr_attribution_variants_interpret(rng, key):
 
 @pytest.mark.parametrize("knobs", [dict(_division="hardware"), dict(_math="none")])
 def test_attribution_variants_lower_for_hopper(knobs):
-  from pallas_kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
+  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
 
   spec = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
   jax.jit(lambda v: quantize_nvfp4_rtn(v, **knobs)).trace(spec).lower(lowering_platforms=("cuda",))
@@ -112,7 +112,7 @@ def interpreted_kernels(monkeypatch):
   check the rows, checks and ordering, not the interpreter's speed."""
   import functools
 
-  from pallas_kernels import bench
+  from tetrajet_jax.kernels import bench
 
   monkeypatch.setattr(bench, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
   monkeypatch.setattr(bench, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
@@ -192,7 +192,7 @@ def test_gemm_jobs_check_then_time(interpreted_kernels):
   nvfp4_gemm_reference) before its timed jobs; a config whose check fails
   (here: SMEM over the limit) is reported, and its GEMMs are not timed;
   scaled_dot_general is timed or reported as failed (it may not run on CPU)."""
-  from pallas_kernels.nvfp4_gemm import GemmConfig
+  from tetrajet_jax.kernels.nvfp4_gemm import GemmConfig
 
   bench = interpreted_kernels
   shape = (128, 256, 128)
@@ -226,7 +226,7 @@ def test_gemm_jobs_check_then_time(interpreted_kernels):
 def test_gemm_check_failure_stops_timing(monkeypatch, interpreted_kernels):
   """A config whose kernel disagrees with the reference: its check row says so
   (with the error), and its GEMMs run but are reported, not timed."""
-  from pallas_kernels.nvfp4_gemm import GemmConfig
+  from tetrajet_jax.kernels.nvfp4_gemm import GemmConfig
 
   bench = interpreted_kernels
   ref = bench.nvfp4_gemm_reference
@@ -248,7 +248,7 @@ def test_gemm_check_failure_stops_timing(monkeypatch, interpreted_kernels):
 
 def test_linear_parts_match_the_layer():
   """quantize + gemms reproduce the layer's y, dx, dw (so their timings split its work)."""
-  from pallas_kernels.bench import linear_parts
+  from tetrajet_jax.kernels.bench import linear_parts
   from tetrajet_jax.linear import linear
 
   m, k, n = 128, 256, 128
@@ -272,7 +272,7 @@ def test_linear_jobs_on_cpu():
   every job compiles and runs (gemm="pallas" falls back to XLA off Hopper),
   the GEMMs-only job on the quantizers-only job's output, and each ratio is
   against the bf16 fwd+bwd of its own shape."""
-  from pallas_kernels import bench
+  from tetrajet_jax.kernels import bench
 
   shapes = [(128, 256, 128), (128, 128, 256)]
   rows, log = [], io.StringIO()
@@ -298,7 +298,7 @@ def test_linear_jobs_on_cpu():
 def test_linear_jobs_attribution_only():
   """--linear-parts-only --linear-gemms pallas: the bf16 baseline, then the
   pallas attribution rows, and no whole-layer tetrajet_v2 row."""
-  from pallas_kernels import bench
+  from tetrajet_jax.kernels import bench
 
   shape = (128, 256, 128)
   jobs = bench.linear_jobs([shape], [shape], ("pallas",), layers=False)
@@ -312,7 +312,7 @@ def test_linear_jobs_attribution_only():
 def test_run_jobs_compiles_wave_by_wave(monkeypatch):
   """Each wave's loops compile together and its rows land before the next
   wave compiles (a call cut off mid-section keeps the earlier waves' rows)."""
-  from pallas_kernels import bench
+  from tetrajet_jax.kernels import bench
 
   events, real = [], bench.compile_loops
   monkeypatch.setattr(bench, "compile_loops", lambda jobs: events.append(("compile", len(jobs))) or real(jobs))

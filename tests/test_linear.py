@@ -418,7 +418,7 @@ def _pallas_forward_diagnosis(x, w) -> str:
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "tetrajet_v2_outcontrol", "nvidia_nvfp4"])
 def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
   """gemm='pallas' (fused RTN quantizer + exact-product GEMM) vs the FP32 reference path."""
-  import pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels as pallas_kernels  # noqa: PLC0415
 
   m, k, n = 1024, 1024, 512
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
@@ -468,7 +468,7 @@ def _assert_same_estimator(recipe, m, k, n, rng, key):
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
 def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
   """The fused backward quantizer in the layer at 256^3 on the H200."""
-  import pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels as pallas_kernels  # noqa: PLC0415
 
   assert pallas_kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
   _assert_same_estimator(recipe, 256, 256, 256, rng, key)
@@ -478,7 +478,7 @@ def test_pallas_backward_is_the_same_estimator_interpret(rng, key, monkeypatch):
   """The same check on the CPU: the layer's gemm='pallas' backward with the
   fused RHT + SR kernel in Mosaic GPU's interpreter (the RTN quantizers and
   GEMMs stay on XLA), at 128^3; the kernel must have been called."""
-  import pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels as pallas_kernels  # noqa: PLC0415
   from tetrajet_jax.linear import gemm as gemm_module  # noqa: PLC0415
 
   calls = []

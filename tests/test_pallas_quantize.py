@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
+from tetrajet_jax.kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
 from tetrajet_jax.numerics import nvfp4_bf16_operand
 
 

@@ -21,6 +21,8 @@ from typing import Literal
 import jax.numpy as jnp
 
 Rounding = Literal["nearest", "stochastic"]
+Backend = Literal["auto", "xla", "pallas", "reference"]
+BACKENDS = ("auto", "xla", "pallas", "reference")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +65,11 @@ class Recipe:
       rounded up to a multiple of 128, capped at floor(K/128)*128) runs in
       MXFP8 once channels are frozen. 0 disables OutControl.
     out_dtype: dtype of Y (and the GEMM outputs).
+    backend: how the quantizers and GEMMs execute (linear/gemm.py): "auto"
+      = the Pallas kernels where they run (Hopper GPU, supported shape), XLA
+      elsewhere; "xla" = XLA only (bf16 GEMM, FP32 accumulation); "pallas" =
+      the kernels, raising BackendUnavailableError where they cannot run;
+      "reference" = FP32 dequantized GEMMs (the test reference).
   """
 
   name: str = "custom"
@@ -81,8 +88,11 @@ class Recipe:
   aligned_backward: bool = True
   outlier_fraction: float = 0.0
   out_dtype: jnp.dtype = jnp.bfloat16
+  backend: Backend = "auto"
 
   def __post_init__(self):
+    if self.backend not in BACKENDS:
+      raise ValueError(f"Recipe {self.name!r}: unknown backend {self.backend!r}; use one of {', '.join(BACKENDS)}.")
     if self.scaling not in ("block", "tensor"):
       raise ValueError(f"Recipe {self.name!r}: scaling must be 'block' or 'tensor', got {self.scaling!r}.")
     if not 0.0 <= self.outlier_fraction < 1.0:
@@ -140,15 +150,20 @@ PRESETS: dict[str, Recipe] = {
 }
 
 
-def get(name: str | Recipe) -> Recipe:
-  """Returns the named preset (a Recipe passes through unchanged).
+def get(name: str | Recipe, *, backend: Backend | None = None) -> Recipe:
+  """Returns the named preset (a Recipe passes through unchanged), with
+  `backend` replaced when given.
 
   Raises:
-    ValueError: unknown name; the message lists the valid ones.
+    ValueError: unknown name or backend; the message lists the valid ones.
   """
   if isinstance(name, Recipe):
-    return name
-  try:
-    return PRESETS[name]
-  except KeyError:
-    raise ValueError(f"Unknown recipe {name!r}. Valid recipes: {', '.join(sorted(PRESETS))}.") from None
+    recipe = name
+  else:
+    try:
+      recipe = PRESETS[name]
+    except KeyError:
+      raise ValueError(f"Unknown recipe {name!r}. Valid recipes: {', '.join(sorted(PRESETS))}.") from None
+  if backend is None or backend == recipe.backend:
+    return recipe
+  return dataclasses.replace(recipe, backend=backend)

@@ -111,6 +111,7 @@ def osci_reset(
     quantizer: Quantizer | None = None,
     param_filter: ParamFilter | None = None,
     track_fraction: float = 1.0,
+    apply: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   """Oscillation reset (TetraJet-v2 OsciReset), chained after the optimizer.
 
@@ -130,6 +131,10 @@ def osci_reset(
     track_fraction: fraction of each leaf's elements tracked per period
       (memory-lean variant): at each period start the ceil(f * n) elements
       closest to an RTN decision threshold.
+    apply: False = monitor mode: the same windows and statistics (so
+      `osci_reset_metrics` reports the oscillating fraction), but no element
+      is reset and the updates pass through unchanged; for runs without
+      OsciReset that still plot the quantity it acts on.
 
   Returns:
     A GradientTransformationExtraArgs. `update(updates, state, params,
@@ -221,9 +226,14 @@ def osci_reset(
     d_w = jnp.where(starts, 0.0, d_w) + jnp.where(active_t, jnp.abs(w_new_t - p_t), 0.0)
     risk = jnp.where(d_w > 0, d_q / jnp.where(d_w > 0, d_w, 1.0), 0.0)
     risky = active_t & (risk >= threshold)
-    step, exact = _exact_step(p_t, q_new_t)
-    reset = risky & exact & ends
-    if lean:
+    if apply:
+      step, exact = _exact_step(p_t, q_new_t)
+      reset = risky & exact & ends
+    else:
+      step, reset = None, jnp.zeros_like(risky)
+    if not apply:
+      pass
+    elif lean:
       u_flat = u.reshape(-1)
       u = u_flat.at[index].set(jnp.where(reset, step, u_flat[index]), unique_indices=True).reshape(u.shape)
     else:

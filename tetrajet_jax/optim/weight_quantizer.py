@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
+from tetrajet_jax.tree_paths import key_to_str
 
 Path = tuple[str, ...]
 ParamFilter = Callable[[Path, Any], bool]
@@ -84,19 +85,6 @@ def default_param_filter(path: Path, leaf: Any) -> bool:
   """
   return (getattr(leaf, "ndim", None) == 2 and len(path) > 0 and path[-1] == "kernel"
           and not any("embed" in k or "lm_head" in k for k in path))
-
-
-def key_to_str(k: Any) -> str:
-  """One jax key-path entry as a string (dict key, sequence index, attribute name)."""
-  if isinstance(k, jax.tree_util.DictKey):
-    return str(k.key)
-  if isinstance(k, jax.tree_util.SequenceKey):
-    return str(k.idx)
-  if isinstance(k, jax.tree_util.GetAttrKey):
-    return k.name
-  if isinstance(k, jax.tree_util.FlattenedIndexKey):
-    return str(k.key)
-  return str(k)
 
 
 def leaves_with_paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[Path, Any]:

@@ -4,11 +4,11 @@ Each op sits beside its pure-JAX reference and a `can_use_*` check; callers
 fall back to tetrajet_jax.numerics (XLA) where the check says no.
 """
 
-from pallas_kernels._platform import hopper_available
-from pallas_kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
+from tetrajet_jax.kernels._platform import hopper_available
+from tetrajet_jax.kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                                        nvfp4_gemm,
                                        nvfp4_gemm_reference)
-from pallas_kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr,
+from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr,
                                                     quantize_nvfp4_rht_sr_reference)
-from pallas_kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
+from tetrajet_jax.kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)
