@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark scripts (never by tests).
+"""Timing helpers shared by the benchmarks.
 
 Device work is asynchronous: every sample blocks on the outputs; compilation
 and first-call effects are excluded by warm-up calls; calls are timed inside
