@@ -127,6 +127,16 @@ def header_section(command: str, folders: list[RunFolder]) -> list[str]:
   return lines
 
 
+# Runs written before the backend was a recipe field recorded a "gemm" mode.
+_GEMM_TO_BACKEND = {"exact": "reference", "fast": "xla", "pallas": "auto"}
+
+
+def _backend(train_cfg: dict) -> str:
+  if "backend" in train_cfg:
+    return str(train_cfg["backend"])
+  return _GEMM_TO_BACKEND.get(train_cfg.get("gemm"), "n/a")
+
+
 def provenance_section(folders: list[RunFolder]) -> list[str]:
   lines = ["## Provenance", ""]
   for folder in folders:
@@ -153,7 +163,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    f"{fmt(total_tokens, ',')} tokens per arm ({fmt(per_param, '.3g')} tokens per non-embedding "
                    f"parameter); warmup {fmt(cfg.get('warmup_steps'), ',')} steps, peak LR "
                    f"{fmt(cfg.get('peak_lr'), 'g')}, cosine to {fmt(cfg.get('final_lr_ratio'), 'g')}x peak; "
-                   f"gemm `{cfg.get('gemm', 'n/a')}`")
+                   f"backend `{_backend(cfg)}`")
     if folder.provenance:
       for rec in folder.provenance:
         lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "

@@ -418,14 +418,14 @@ def _pallas_forward_diagnosis(x, w) -> str:
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "tetrajet_v2_outcontrol", "nvidia_nvfp4"])
 def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
   """backend='pallas' (fused RTN quantizer + exact-product GEMM) vs the FP32 reference path."""
-  from tetrajet_jax import kernels as pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels  # noqa: PLC0415
 
   m, k, n = 1024, 1024, 512
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
   xq = tj.quantize_nvfp4(x)
-  assert pallas_kernels.can_use_nvfp4_gemm(xq, tj.quantize_nvfp4(w, axis=0)), "the Pallas path must be taken"
+  assert kernels.can_use_nvfp4_gemm(xq, tj.quantize_nvfp4(w, axis=0)), "the Pallas path must be taken"
   idx = jnp.arange(128, dtype=jnp.int32) * 3 if recipe == "tetrajet_v2_outcontrol" else None
   p = grads(recipe, x, w, dy, key, backend="auto", outlier_idx=idx)
   e = grads(recipe, x, w, dy, key, backend="reference", outlier_idx=idx)
@@ -468,9 +468,9 @@ def _assert_same_estimator(recipe, m, k, n, rng, key):
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
 def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
   """The fused backward quantizer in the layer at 256^3 on the H200."""
-  from tetrajet_jax import kernels as pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels  # noqa: PLC0415
 
-  assert pallas_kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
+  assert kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
   _assert_same_estimator(recipe, 256, 256, 256, rng, key)
 
 

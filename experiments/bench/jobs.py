@@ -82,7 +82,7 @@ def run_jobs(rows: list, log, jobs: list[Job]) -> None:
   output is its function's output (the arguments do not change between
   calls), so the checks read the very executable that is timed, and no kernel
   is compiled twice. Why waves: a wave's rows come only after all its
-  compiles, and a `gemm="pallas"` layer alone takes minutes to compile on the
+  compiles, and a layer on the Pallas kernels alone takes minutes to compile on the
   device host, so builders give expensive jobs a wave of their own, after the
   cheap ones, and a call cut off by its time limit keeps every earlier wave.
   """

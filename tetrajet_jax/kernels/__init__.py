@@ -1,7 +1,9 @@
 """Pallas (Mosaic GPU, Hopper sm_90) kernels for NVFP4: fused RTN and backward (RHT-16 + SR) quantizers, exact GEMM.
 
-Each op sits beside its pure-JAX reference and a `can_use_*` check; callers
-fall back to tetrajet_jax.numerics (XLA) where the check says no.
+Each op sits beside its pure-JAX reference and a `can_use_*` check. The layer
+picks them by the recipe's backend (tetrajet_jax.linear.gemm): "auto" falls
+back to tetrajet_jax.numerics (XLA) where the check says no, "pallas" raises.
+Kernel modules import only tetrajet_jax.numerics and jax.
 """
 
 from tetrajet_jax.kernels._platform import hopper_available
