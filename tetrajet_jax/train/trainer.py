@@ -72,6 +72,21 @@ class NonFiniteLossError(RuntimeError):
   """The loss, gradient norm or parameter norm became NaN/Inf."""
 
 
+def layer_backend(backend: str, mesh: jax.sharding.Mesh) -> str:
+  """The backend the model's linears run: "auto" means XLA on a mesh of several
+  devices (the Pallas kernels are custom calls XLA does not partition).
+
+  Raises:
+    ValueError: backend "pallas" on a mesh of several devices.
+  """
+  if mesh.devices.size == 1:
+    return backend
+  if backend == "pallas":
+    raise ValueError(f"backend='pallas' on a mesh of {mesh.devices.size} devices: the Pallas kernels are custom "
+                     "calls that XLA does not partition. Use backend 'auto' or 'xla' (XLA on a mesh).")
+  return "xla" if backend == "auto" else backend
+
+
 class Trainer:
   """Owns one run: model, optimizer, data iterator, checkpoints and metrics.
 
@@ -129,7 +144,7 @@ class Trainer:
     """The model (block linears converted by the arm), optimizer and placed state."""
     config = self.config
     model = OLMo2(self.model_config, rngs=nnx.Rngs(config.seed), scan_blocks=config.scan_blocks)
-    self.arm.quantize(model, backend=config.backend)
+    self.arm.quantize(model, backend=layer_backend(config.backend, self.mesh))
     self._param_filter = qnn.quantized_kernel_filter(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
