@@ -207,7 +207,7 @@ def _init_state(cfg: _Config, params: Any) -> OsciResetState:
   """Zero window sums and counters for the leaves `cfg.param_filter` tracks."""
   leaves = leaves_with_paths(params)
   tracked = {p: w for p, w in leaves.items() if cfg.param_filter(p, w)}
-  if not tracked:
+  if not tracked and cfg.apply:  # a monitor may watch nothing (e.g. a model with no FP4 layer)
     names = ", ".join(path_name(p) for p in list(leaves)[:8])
     raise ValueError(f"osci_reset: param_filter matches no parameter (first paths: {names}); "
                      f"the default tracks 2-D leaves named 'kernel' outside 'embed'/'lm_head'.")
