@@ -83,7 +83,7 @@ def run_jobs(rows: list, log, jobs: list[Job]) -> None:
   calls), so the checks read the very executable that is timed, and no kernel
   is compiled twice. Why waves: a wave's rows come only after all its
   compiles, and a layer on the Pallas kernels alone takes minutes to compile on the
-  device host, so builders give expensive jobs a wave of their own, after the
+  GPU host, so builders give expensive jobs a wave of their own, after the
   cheap ones, and a call cut off by its time limit keeps every earlier wave.
   """
   outs, times = {}, {}
@@ -132,7 +132,7 @@ def _label(jobs: list[Job], start: int, wave: str) -> None:
 class Rows(list):
   """The result rows: each appended row is printed and the JSON file rewritten
   at once, so a run cut off by a time limit (each Mosaic compile takes tens of
-  seconds on the device host) still leaves every row it measured."""
+  seconds on the GPU host) still leaves every row it measured."""
 
   def __init__(self, header: dict, out: str):
     super().__init__()

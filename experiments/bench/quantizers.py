@@ -15,7 +15,7 @@ from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_opera
                                    random_hadamard_16, unpack_e2m1)
 
 # One quantizer shape: every kernel variant costs 20-40 s of Mosaic compile on
-# the device host, and (16384, 1024) ranked the variants the same way
+# the GPU host, and (16384, 1024) ranked the variants the same way
 # (docs/KERNELS.md); pass --quant-shapes to time others.
 QUANT_SHAPES = [(16384, 4096)]
 
@@ -86,7 +86,7 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
                  row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
                      *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
     # block_rows=128 measured 1.4-2x slower at every shape and dtype
-    # (docs/KERNELS.md, device call of commit 37834f9): not re-timed.
+    # (docs/KERNELS.md): not re-timed.
     for emit in (False, True):
       key = (f"pallas rtn {dname} rows64_s2{' +operand' if emit else ''}", shape)
 

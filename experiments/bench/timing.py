@@ -43,7 +43,7 @@ def compile_loops(jobs: list, workers: int = 8) -> list:
   Returns, per job, the compiled loop (pass it to `time_fn(..., loop=)`) or the
   exception its tracing or compilation raised. Why threads: a benchmark's
   compiles (XLA's, and Mosaic GPU's kernels inside them) take tens of seconds
-  each on the device host, where device time is counted, and XLA compiles
+  each on the GPU host, and XLA compiles
   outside the GIL: ten quantizer loops compiled in 68 s on the H200 host,
   about 2.6x faster than one by one (docs/notes/kernels.md). One large
   program still compiles at its own pace. `args` may be ShapeDtypeStructs.
