@@ -28,11 +28,8 @@ reported when both ``bf16`` and ``nvidia_nvfp4`` are in the results folder.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
-import math
-import os
 import shutil
 import sys
 import time
@@ -40,10 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from experiments import plots
+from experiments.tables import (comparison, fmt, median_tokens_per_s, throughput_table, write_json_atomic,
+                                write_tables)
+from tetrajet_jax.linear import recipes
 from tetrajet_jax.data import cache as data_cache
-from tetrajet_jax.model.configs import CONFIGS, QUANT_BLOCK, get_config
+from tetrajet_jax.model.configs import CONFIGS, get_config
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 from tetrajet_jax.train.arms import ARMS, parse_arms
-from tetrajet_jax.train.metrics import read_jsonl
 
 DEMO_TOKENIZER_VOCAB = 4096
 DEMO_SOURCES = ("sotu",)
@@ -62,7 +62,7 @@ class UsageError(ValueError):
   """Bad command-line input, found before any compute."""
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m experiments.ablation", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", choices=list(PRESETS), default=None,
@@ -109,7 +109,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--osci-window", type=int, help="OsciReset window T (default 50)")
   p.add_argument("--calib-start", type=int)
   p.add_argument("--calib-steps", type=int)
-  p.add_argument("--gemm", default="fast")
+  _add_execution_args(p)
+  return p
+
+
+def _add_execution_args(p: argparse.ArgumentParser) -> None:
+  """How the arms execute: backend, block layout, attention, devices, hosts, caches."""
+  p.add_argument("--backend", default="auto", choices=recipes.BACKENDS,
+                 help="execution of the quantized linears: auto (Pallas kernels where they run, else XLA), "
+                      "xla, pallas (raise where a kernel cannot run), reference (FP32, slow)")
   p.add_argument("--scan-blocks", dest="scan_blocks", action="store_true", default=None,
                  help="one lax.scan per run of identical transformer blocks (compiles ~2.5x faster, "
                       "steps up to 1.4x slower on the H200); default: scan on the CPU, unroll on GPUs")
@@ -128,7 +136,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--no-progress", action="store_true")
   p.add_argument("--no-compile-cache", action="store_true",
                  help="do not use the persistent XLA compilation cache under <repo>/cache/jax")
-  args = p.parse_args(argv)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  args = build_parser().parse_args(argv)
   preset_name = args.preset or ("demo" if not argv else None)
   if preset_name:
     for k, v in PRESETS[preset_name].items():
@@ -190,10 +201,10 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
   arms = parse_arms(args.arms)
   steps = _steps(args)
   tps = args.batch_size * args.seq_len
-  if any(a.quantized for a in arms) and tps % QUANT_BLOCK:
-    raise UsageError(f"batch_size x seq_len = {tps} tokens per step is not a multiple of {QUANT_BLOCK} "
+  if any(a.quantized for a in arms) and tps % OUTER_BLOCK:
+    raise UsageError(f"batch_size x seq_len = {tps} tokens per step is not a multiple of {OUTER_BLOCK} "
                      f"(the FP4 weight-gradient quantizers block along tokens); use e.g. --seq-len "
-                     f"{-(-args.seq_len // QUANT_BLOCK) * QUANT_BLOCK}.")
+                     f"{-(-args.seq_len // OUTER_BLOCK) * OUTER_BLOCK}.")
   if train_tokens is not None:
     windows = (train_tokens - 1) // args.seq_len
     if windows < args.batch_size:
@@ -223,7 +234,7 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
         total_steps=steps, warmup_steps=args.warmup, t_max_steps=args.t_max, peak_lr=args.lr, seed=args.seed,
         data_seed=args.data_seed, osci_start=args.osci_start, osci_period=args.osci_period,
         osci_window=args.osci_window, calib_start=args.calib_start, calib_steps=args.calib_steps,
-        gemm=args.gemm, scan_blocks=args.scan_blocks, attention=args.attention, eval_every=args.eval_every,
+        backend=args.backend, scan_blocks=args.scan_blocks, attention=args.attention, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint_every=ckpt_every,
         keep_checkpoints=max(1, args.keep_checkpoints), layers=args.layers,
         mesh_data=mesh.get("data"), mesh_fsdp=mesh.get("fsdp", 1))
@@ -322,8 +333,8 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
     return {"arm": arm.name, "status": "interrupted", "step": result.step}
   if result.status == "paused":  # --stop-after: a throughput probe
     trainer.close()
-    rate = _median_tokens_per_s(arm_dir)
-    print(f"{arm.name}: stopped after {result.step} steps (--stop-after): median tokens/s {_fmt(rate, ',.0f')}, "
+    rate = median_tokens_per_s(arm_dir)
+    print(f"{arm.name}: stopped after {result.step} steps (--stop-after): median tokens/s {fmt(rate, ',.0f')}, "
           f"{time.time() - t0:.0f} s", flush=True)
     return {"arm": arm.name, "status": "paused", "step": result.step, "tokens_per_s": rate}
   t_train = time.time() - t0
@@ -334,7 +345,7 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
   t_down = time.time() - t0 - t_train - t_val
   print(f"{arm.name}: final validation {t_val:.0f} s, downstream {t_down:.0f} s", flush=True)
   trainer.close()
-  rate = _median_tokens_per_s(arm_dir)
+  rate = median_tokens_per_s(arm_dir)
   final = {"arm": arm.name, "status": "completed", "steps": result.step,
            "tokens": result.step * plan.configs[arm.name].tokens_per_step,
            "val": val, "downstream": downstream,
@@ -346,108 +357,10 @@ def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
   write_json_atomic(final_path, final)
   # One line per finished arm, so a run cut short still reports what it measured.
   print(f"{arm.name}: done: val loss {val['loss']:.4f}, PPL {val['ppl']:.3f}, median tokens/s "
-        f"{_fmt(final['tokens_per_s'], ',.0f')}, {final['wall_s_this_session']:.0f} s", flush=True)
+        f"{fmt(final['tokens_per_s'], ',.0f')}, {final['wall_s_this_session']:.0f} s", flush=True)
   if plan.args.keep_checkpoints == 0:
     shutil.rmtree(arm_dir / "checkpoints", ignore_errors=True)
   return final
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-  """Writes JSON through a temporary file and a rename: the runners of other
-  arms (scripts/h200_ablation.sh starts one per arm) read these files while
-  they run and must never see half a file."""
-  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-  tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-  os.replace(tmp, path)
-
-
-def _median_tokens_per_s(arm_dir: Path) -> float | None:
-  """Median of the per-step tokens/s in the arm's metrics (robust to the compile step)."""
-  recs = read_jsonl(arm_dir / "metrics.jsonl")
-  rates = sorted(r["perf/tokens_per_s"] for r in recs if not math.isnan(r.get("perf/tokens_per_s", math.nan)))
-  return rates[len(rates) // 2] if rates else None
-
-
-def _fmt(v: Any, spec: str) -> str:
-  if v is None or (isinstance(v, float) and not math.isfinite(v)):
-    return "n/a"
-  return format(v, spec)
-
-
-def gap_closure(ppl_arm: float | None, ppl_nvidia: float | None, ppl_bf16: float | None) -> float | None:
-  """(PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16); None without a positive gap."""
-  if None in (ppl_arm, ppl_nvidia, ppl_bf16) or ppl_nvidia <= ppl_bf16:
-    return None
-  return (ppl_nvidia - ppl_arm) / (ppl_nvidia - ppl_bf16)
-
-
-def comparison(finals: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
-  """Header, rows and footnotes of the results table."""
-  notes = []
-  ppl = {a: f["val"]["ppl"] for a, f in finals.items() if f.get("status") == "completed"}
-  gap = None
-  if "bf16" in ppl and "nvidia_nvfp4" in ppl:
-    gap = ppl["nvidia_nvfp4"] - ppl["bf16"]
-    if gap <= 0:
-      notes.append(f"gap closure n/a: PPL(nvidia_nvfp4) {ppl['nvidia_nvfp4']:.3f} <= PPL(bf16) {ppl['bf16']:.3f}.")
-      gap = None
-  else:
-    notes.append("gap closure needs both bf16 and nvidia_nvfp4 arms: (PPL_nvidia - PPL_arm) / "
-                 "(PPL_nvidia - PPL_bf16).")
-  header = (["arm", "status", "val loss", "val PPL", "bits/byte"] + [f"{t} acc" for t in tasks]
-            + ["mean acc", "gap closure", "tokens/s"])
-  rows = []
-  for arm, f in finals.items():
-    if f.get("status") != "completed":
-      rows.append([arm, f.get("status", "?")] + ["n/a"] * (len(header) - 2))
-      continue
-    ds = f.get("downstream", {})
-    accs = [ds[t]["accuracy"] for t in tasks if t in ds]
-    closure = None if gap is None or arm in ("bf16", "nvidia_nvfp4") else gap_closure(
-        ppl[arm], ppl["nvidia_nvfp4"], ppl["bf16"])
-    rows.append([arm, "ok", _fmt(f["val"]["loss"], ".4f"), _fmt(f["val"]["ppl"], ".3f"),
-                 _fmt(f["val"]["bits_per_byte"], ".4f")]
-                + [(_fmt(ds[t]["accuracy"], ".3f") + f" ({ds[t]['chance']:.2f})") if t in ds else "n/a"
-                   for t in tasks]
-                + [_fmt(sum(accs) / len(accs), ".3f") if accs else "n/a",
-                   _fmt(closure * 100, ".1f") + "%" if closure is not None else "n/a",
-                   _fmt(f.get("tokens_per_s"), ",.0f")])
-  if tasks:
-    notes.append("downstream: accuracy (chance level in parentheses), zero-shot, "
-                 "task headline metric (data/eval_requests.TASKS).")
-  return header, rows, notes
-
-
-def fmt_ratio(v: float | None) -> str:
-  """``0.42x``, or n/a."""
-  return _fmt(v, ".2f") + ("x" if v is not None else "")
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-  """The lines of a Markdown table."""
-  return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-          + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def throughput_table(finals: dict[str, dict[str, Any]]) -> str:
-  """Markdown table of a --stop-after probe: median tokens/s per arm and its ratio to bf16."""
-  ref = finals.get("bf16", {}).get("tokens_per_s")
-  rows = []
-  for arm, f in finals.items():
-    rate = f.get("tokens_per_s")
-    rows.append([arm, str(f.get("step", f.get("steps", "n/a"))), _fmt(rate, ",.0f"),
-                 fmt_ratio(rate / ref if rate and ref else None)])
-  return "\n".join(markdown_table(["arm", "steps", "tokens/s", "vs bf16"], rows))
-
-
-def write_tables(out: Path, header: list[str], rows: list[list[str]], notes: list[str]) -> str:
-  text = "\n".join(markdown_table(header, rows)) + "\n" + "".join(f"\n{n}" for n in notes) + "\n"
-  (out / "results.md").write_text(text, encoding="utf-8")
-  with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
-    w = csv.writer(f)
-    w.writerow(header)
-    w.writerows(rows)
-  return text
 
 
 def enable_compile_cache() -> None:

@@ -28,7 +28,7 @@ def _rel(a, b) -> float:
   return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def layer_errors(recipe: str, x, w, dy, *, gemm: str, key) -> tuple[tuple, tuple]:
+def layer_errors(recipe: str, x, w, dy, *, backend: str, key) -> tuple[tuple, tuple]:
   k = w.shape[0]
   idx = rest = None
   r = tj.recipes.get(recipe)
@@ -41,8 +41,8 @@ def layer_errors(recipe: str, x, w, dy, *, gemm: str, key) -> tuple[tuple, tuple
 
   @jax.jit
   def run(x, w, dy):
-    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=idx,
-                                            fp4_idx=rest), x, w)
+    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=tj.recipes.get(recipe, backend=backend), key=key,
+                                            outlier_idx=idx, fp4_idx=rest), x, w)
     return (y, *vjp(dy.astype(y.dtype)))
 
   return run(x, w, dy)
@@ -72,8 +72,8 @@ def main(argv=None) -> None:
     for name, x in inputs.items():
       x64, w64, dy64 = (v.astype(np.float64) for v in (x, w, dy))
       ref = (x64 @ w64, dy64 @ w64.T, x64.T @ dy64)
-      exact = layer_errors(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), gemm="exact", key=key)
-      fast = layer_errors(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), gemm="fast", key=key)
+      exact = layer_errors(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), backend="reference", key=key)
+      fast = layer_errors(recipe, jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy), backend="xla", key=key)
       errs = [_rel(e, r) for e, r in zip(exact, ref)]
       dev = [_rel(f, e) for f, e in zip(fast, exact)]
       print(f"| {recipe} | {name} | {errs[0]:.4f} | {errs[1]:.4f} | {errs[2]:.4f} | "

@@ -30,33 +30,23 @@ A missing folder, arm or file gives "n/a" and is named in the page, never a cras
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 
 from experiments import plots
-from experiments.ablation import _fmt as fmt  # the runner's n/a-aware number format
-from experiments.ablation import comparison, fmt_ratio, gap_closure, markdown_table
-from tetrajet_jax.train.arms import ARMS
-from tetrajet_jax.train.metrics import read_jsonl
+from experiments.tables import fmt  # the runner's n/a-aware number format
+from experiments.tables import comparison, fmt_ratio, gap_closure, markdown_table
+from experiments.report_data import (ABLATION_ARMS, NOISE_MARGIN, SEED_NOISE_ARMS, ArmRun, RunFolder, SeedNoise,
+                                     in_units, late_mean, late_rebound, load_folders,
+                                     loss_delta, loss_verdict, rebound_verdict, seed_noise, display,
+                                     REPO_ROOT)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS = (REPO_ROOT / "experiments/results/h200_20m/seed0", REPO_ROOT / "experiments/results/h200_20m/seed1")
 DEFAULT_OUT = REPO_ROOT / "docs/RESULTS.md"
 DEFAULT_FIGURES = REPO_ROOT / "docs/results"
-
-# Arms the reference folder should hold, and the arms repeated with another seed.
-ABLATION_ARMS = tuple(ARMS)
-SEED_NOISE_ARMS = ("bf16", "tetrajet_v2_full")
-# A difference counts as resolved when it exceeds this many seed-to-seed
-# differences (one pair of seeds: a rough margin, not a significance test).
-NOISE_MARGIN = 2.0
 
 # The paper's reference figures: TetraJet-v2, Chen et al., arXiv 2510.27527
 # (summarised in ../shared/spec/TETRAJET_V2.md, section 6).
@@ -82,270 +72,6 @@ WHAT_WOULD_TELL = (
 
 
 # ---- loading ---------------------------------------------------------------------------------
-
-def _read_json(path: Path) -> Any | None:
-  return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-@dataclasses.dataclass(frozen=True)
-class ArmRun:
-  """The raw files of one arm (any of them may be missing)."""
-
-  name: str
-  config: dict | None = None
-  final: dict | None = None
-  records: list[dict] = dataclasses.field(default_factory=list)
-
-  @property
-  def status(self) -> str:
-    if self.final is not None:
-      return self.final.get("status", "?")
-    return "unfinished" if self.config is not None or self.records else "missing"
-
-  @property
-  def completed(self) -> bool:
-    return self.status == "completed"
-
-  def val(self, key: str) -> float | None:
-    return self.final["val"][key] if self.completed else None
-
-  @property
-  def tokens_per_s(self) -> float | None:
-    return self.final.get("tokens_per_s") if self.completed else None
-
-  @property
-  def downstream(self) -> dict[str, dict]:
-    return self.final.get("downstream", {}) if self.completed else {}
-
-  @property
-  def train(self) -> dict:
-    return (self.config or {}).get("train", {})
-
-  @property
-  def derived(self) -> dict:
-    return (self.config or {}).get("derived", {})
-
-
-@dataclasses.dataclass(frozen=True)
-class RunFolder:
-  """One results folder: shared settings, arms, device provenance."""
-
-  path: Path
-  expected_arms: tuple[str, ...]
-  run: dict | None
-  arms: dict[str, ArmRun]
-  provenance: list[dict] | None
-  # tokens/s of each arm trained alone on the GPU (the device script's probe),
-  # when the arms themselves were trained side by side.
-  throughput_alone: dict | None = None
-
-  @property
-  def shared_gpu(self) -> bool:
-    """Whether a device run of this folder trained several arms side by side on one GPU."""
-    return any(int(r.get("concurrent_processes", 1)) > 1 for r in self.provenance or [])
-
-  def trained_at(self, arm: str) -> str | None:
-    """Commit of the first recorded device run that finished ``arm`` (provenance ``finished_arms``)."""
-    for rec in self.provenance or []:
-      if arm in rec.get("finished_arms", ()):
-        return rec.get("commit")
-    return None
-
-  def speed(self, arm: str) -> float | None:
-    """tokens/s that measure the arm's speed: alone on the GPU when probed, else
-    final.json's median if the arms did not share the GPU, else None."""
-    alone = (self.throughput_alone or {}).get(arm, {}).get("tokens_per_s")
-    if alone:
-      return alone
-    return None if self.shared_gpu else self.arm(arm).tokens_per_s
-
-  @property
-  def exists(self) -> bool:
-    return self.path.is_dir()
-
-  @property
-  def seed(self) -> int | None:
-    return (self.run or {}).get("train", {}).get("seed")
-
-  @property
-  def data_seed(self) -> int | None:
-    return (self.run or {}).get("train", {}).get("data_seed")
-
-  @property
-  def label(self) -> str:
-    return f"seed {self.seed}" if self.seed is not None else self.path.name
-
-  def arm(self, name: str) -> ArmRun:
-    return self.arms.get(name, ArmRun(name))
-
-  @property
-  def missing_arms(self) -> list[str]:
-    return [a for a in self.expected_arms if not self.arm(a).completed]
-
-  @property
-  def listed_arms(self) -> list[str]:
-    """Expected arms and any others present, in the runner's arm order."""
-    names = set(self.expected_arms) | set(self.arms)
-    return sorted(names, key=lambda a: (list(ARMS).index(a) if a in ARMS else len(ARMS), a))
-
-
-def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
-  arms = {}
-  if path.is_dir():
-    for d in sorted(p for p in path.iterdir() if p.is_dir()):
-      files = [d / n for n in ("config.json", "final.json", "metrics.jsonl")]
-      if any(f.is_file() for f in files):
-        arms[d.name] = ArmRun(d.name, config=_read_json(files[0]), final=_read_json(files[1]),
-                              records=read_jsonl(files[2]) if files[2].is_file() else [])
-  throughput_alone = _read_json(path / "throughput_alone.json")
-  provenance = _read_json(path / "provenance.json")
-  if isinstance(provenance, dict):
-    provenance = [provenance]
-  return RunFolder(path=path, expected_arms=expected_arms, run=_read_json(path / "run.json"), arms=arms,
-                   provenance=provenance, throughput_alone=throughput_alone)
-
-
-def load_folders(paths: list[Path]) -> list[RunFolder]:
-  """The first folder is the reference (all ablation arms); the others repeat the seed-noise arms."""
-  return [load_folder(p, ABLATION_ARMS if i == 0 else SEED_NOISE_ARMS) for i, p in enumerate(paths)]
-
-
-# ---- numbers ---------------------------------------------------------------------------------
-
-def loss_delta(folder: RunFolder, arm: str, baseline: str) -> float | None:
-  a, b = folder.arm(arm).val("loss"), folder.arm(baseline).val("loss")
-  return None if a is None or b is None else a - b
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedDifference:
-  """One arm trained with two seeds: other seed minus reference seed."""
-
-  arm: str
-  reference: RunFolder
-  other: RunFolder
-
-  @property
-  def loss(self) -> float:
-    return self.other.arm(self.arm).val("loss") - self.reference.arm(self.arm).val("loss")
-
-  @property
-  def ppl(self) -> float:
-    return self.other.arm(self.arm).val("ppl") - self.reference.arm(self.arm).val("ppl")
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedNoise:
-  """The seed-to-seed differences and the noise figure the Discussion uses (their largest |value|)."""
-
-  differences: list[SeedDifference]
-  notes: list[str]
-
-  @property
-  def loss(self) -> float | None:
-    return max((abs(d.loss) for d in self.differences), default=None)
-
-  @property
-  def ppl(self) -> float | None:
-    return max((abs(d.ppl) for d in self.differences), default=None)
-
-
-def seed_noise(folders: list[RunFolder]) -> SeedNoise:
-  reference, diffs, notes = folders[0], [], []
-  if len(folders) < 2:
-    notes.append("no second results folder given: no seed-noise figure.")
-  for other in folders[1:]:
-    if not other.exists:
-      notes.append(f"`{display(other.path)}` not found: seed noise from it is n/a.")
-      continue
-    if other.seed is not None and other.seed == reference.seed:
-      notes.append(f"`{display(other.path)}` has the same seed as the reference ({other.seed}): not a seed "
-                   "difference, left out.")
-      continue
-    for arm in SEED_NOISE_ARMS:
-      if reference.arm(arm).completed and other.arm(arm).completed:
-        diffs.append(SeedDifference(arm, reference, other))
-      else:
-        notes.append(f"{arm}: not completed in both {reference.label} and {other.label}: n/a.")
-  return SeedNoise(diffs, notes)
-
-
-def in_units(value: float | None, unit: float | None) -> str:
-  """``value`` in units of ``unit`` (e.g. a loss difference in seed-to-seed differences)."""
-  if value is None or unit is None or unit == 0:
-    return "n/a"
-  return f"{value / unit:+.1f}x"
-
-
-def loss_verdict(delta: float | None, noise: float | None) -> str:
-  """The rule for "the arm has a lower validation loss than its baseline" (delta = arm - baseline)."""
-  if delta is None:
-    return "n/a (arm missing)"
-  if noise is None:
-    direction = "points that way" if delta < 0 else "points the other way"
-    return f"{direction} in one seed; no seed-noise figure to judge it"
-  if abs(delta) <= NOISE_MARGIN * noise:
-    return f"not resolved at this scale (|Δloss| within {NOISE_MARGIN:g}x the seed-to-seed difference)"
-  return "holds at this scale" if delta < 0 else "does not hold at this scale (the reverse is resolved)"
-
-
-@dataclasses.dataclass(frozen=True)
-class Rebound:
-  """Late-training rebound of the smoothed training loss (over the last third)."""
-
-  min_step: float
-  min_loss: float
-  final_loss: float
-  smoothing_error: float  # std of raw loss around the smoothed curve / sqrt(window)
-
-  @property
-  def rebound(self) -> float:
-    return self.final_loss - self.min_loss
-
-
-def late_rebound(records: list[dict]) -> Rebound | None:
-  steps, raw, smoothed, window = plots.smoothed_train_loss(records)
-  if steps.size == 0:
-    return None
-  late = steps >= steps.max() * plots.LATE_START
-  if late.sum() < 2:
-    return None
-  i = int(np.argmin(np.where(late, smoothed, np.inf)))
-  error = float(np.std(raw[late] - smoothed[late]) / math.sqrt(window))
-  return Rebound(min_step=float(steps[i]), min_loss=float(smoothed[i]), final_loss=float(smoothed[-1]),
-                 smoothing_error=error)
-
-
-def rebound_verdict(without: Rebound | None, with_reset: Rebound | None) -> str:
-  """The rule for "without OsciReset the loss rebounds late, and OsciReset removes it"."""
-  if without is None or with_reset is None:
-    return "n/a (arm or training loss missing)"
-  if without.rebound <= NOISE_MARGIN * without.smoothing_error:
-    return (f"not observed at this scale (rebound within {NOISE_MARGIN:g}x the smoothed curve's own noise)")
-  combined = math.hypot(without.smoothing_error, with_reset.smoothing_error)
-  if without.rebound - with_reset.rebound > NOISE_MARGIN * combined:
-    return "holds at this scale (one seed)"
-  return (f"a rebound is seen without OsciReset, but OsciReset's is not smaller by more than "
-          f"{NOISE_MARGIN:g}x the curves' noise: not resolved")
-
-
-def late_mean(records: list[dict], key: str) -> float | None:
-  """Time average of a metric over the last third of training."""
-  s, v = plots.series(records, key)
-  if s.size == 0:
-    return None
-  return float(v[s >= s.max() * plots.LATE_START].mean())
-
-
-# ---- markdown --------------------------------------------------------------------------------
-
-def display(path: Path) -> str:
-  """A path as written in the page: relative to the repository when inside it."""
-  try:
-    return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
-  except ValueError:
-    return str(path)
-
 
 def _percent(v: float | None, spec: str = ".1f") -> str:
   return fmt(None if v is None else 100 * v, spec) + ("%" if v is not None else "")
@@ -401,6 +127,16 @@ def header_section(command: str, folders: list[RunFolder]) -> list[str]:
   return lines
 
 
+# Runs written before the backend was a recipe field recorded a "gemm" mode.
+_GEMM_TO_BACKEND = {"exact": "reference", "fast": "xla", "pallas": "auto"}
+
+
+def _backend(train_cfg: dict) -> str:
+  if "backend" in train_cfg:
+    return str(train_cfg["backend"])
+  return _GEMM_TO_BACKEND.get(train_cfg.get("gemm"), "n/a")
+
+
 def provenance_section(folders: list[RunFolder]) -> list[str]:
   lines = ["## Provenance", ""]
   for folder in folders:
@@ -427,7 +163,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    f"{fmt(total_tokens, ',')} tokens per arm ({fmt(per_param, '.3g')} tokens per non-embedding "
                    f"parameter); warmup {fmt(cfg.get('warmup_steps'), ',')} steps, peak LR "
                    f"{fmt(cfg.get('peak_lr'), 'g')}, cosine to {fmt(cfg.get('final_lr_ratio'), 'g')}x peak; "
-                   f"gemm `{cfg.get('gemm', 'n/a')}`")
+                   f"backend `{_backend(cfg)}`")
     if folder.provenance:
       for rec in folder.provenance:
         lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "
@@ -574,7 +310,17 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
 
   lines.append(loss_claim("TetraJet-v2 beats NVIDIA's recipe", "tetrajet_v2", "nvidia_nvfp4"))
   lines.append(loss_claim("TetraJet-v2 full beats NVIDIA's recipe", "tetrajet_v2_full", "nvidia_nvfp4"))
+  lines.append(_gap_closure_claim(ref, noise))
+  lines += _oscireset_claims(ref)
+  lines.append(loss_claim("OsciReset lowers the validation loss", "tetrajet_v2_oscireset", "tetrajet_v2"))
+  lines.append(loss_claim("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
+  lines.append(loss_claim("OutControl helps on top of OsciReset", "tetrajet_v2_full", "tetrajet_v2_oscireset"))
+  lines.append(_speed_claim(ref))
+  lines.append(_downstream_claim(ref))
+  return lines + ["", WHAT_WOULD_TELL, ""]
 
+
+def _gap_closure_claim(ref: RunFolder, noise: SeedNoise) -> str:
   ppl = {a: ref.arm(a).val("ppl") for a in ("bf16", "nvidia_nvfp4", "tetrajet_v2_full")}
   closure = gap_closure(ppl["tetrajet_v2_full"], ppl["nvidia_nvfp4"], ppl["bf16"])
   paper_closure = gap_closure(PAPER_PPL["tetrajet_v2_full"], PAPER_PPL["nvidia_nvfp4"], PAPER_PPL["bf16"])
@@ -592,13 +338,16 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   else:
     side = "above" if closure > PAPER_MEAN_GAP_CLOSURE else "below"
     verdict = f"{side} the paper's average by more than {NOISE_MARGIN:g}x the seed noise"
-  lines.append(_claim("Gap closure of the full method vs the paper", verdict,
+  return _claim("Gap closure of the full method vs the paper", verdict,
                       f"Measured {_percent(closure)} ({ref.label}; the seed noise is about "
                       f"{fmt(None if closure_noise is None else 100 * closure_noise, '.1f')} percentage points of "
                       f"closure); {PAPER}: {_percent(PAPER_MEAN_GAP_CLOSURE)} on average, "
                       f"{_percent(paper_closure)} at {PAPER_MODEL} (PPL {PAPER_PPL['bf16']:.2f} bf16, "
-                      f"{PAPER_PPL['tetrajet_v2_full']:.2f} full, {PAPER_PPL['nvidia_nvfp4']:.2f} NVIDIA)."))
+                      f"{PAPER_PPL['tetrajet_v2_full']:.2f} full, {PAPER_PPL['nvidia_nvfp4']:.2f} NVIDIA).")
 
+
+def _oscireset_claims(ref: RunFolder) -> list[str]:
+  lines = []
   rebounds = {a: late_rebound(ref.arm(a).records) for a in ref.listed_arms}
   r_without, r_with = rebounds.get("tetrajet_v2"), rebounds.get("tetrajet_v2_oscireset")
 
@@ -622,19 +371,22 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   lines.append(_claim("OsciReset lowers the fraction of oscillating weights", verdict,
                       f"Mean osci/risk_frac over the last third: tetrajet_v2 {_percent(risk['tetrajet_v2'], '.3f')}, "
                       f"tetrajet_v2_oscireset {_percent(risk['tetrajet_v2_oscireset'], '.3f')}."))
-  lines.append(loss_claim("OsciReset lowers the validation loss", "tetrajet_v2_oscireset", "tetrajet_v2"))
-  lines.append(loss_claim("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
-  lines.append(loss_claim("OutControl helps on top of OsciReset", "tetrajet_v2_full", "tetrajet_v2_oscireset"))
+  return lines
 
+
+def _speed_claim(ref: RunFolder) -> str:
   rates = {a: ref.speed(a) for a in ref.listed_arms}
   devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
   fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
   speed = (f"FP4 arms run at {fmt_ratio(min(fp4))} to {fmt_ratio(max(fp4))} bf16's tokens/s here" if fp4
            else "n/a (needs bf16 and an FP4 arm with tokens/s measured alone on the GPU)")
-  lines.append(_claim("Speed", speed,
+  return _claim("Speed", speed,
                       f"Device: {devices}. Hopper GPUs (H100/H200) have no FP4 tensor cores (FP4 is decoded to "
                       "bf16 before the MMA), so there this is not comparable with the paper's "
-                      f"{PAPER_SPEEDUP_RTX5090_VS_FP8:g}x end-to-end speedup over FP8 on an RTX 5090."))
+                      f"{PAPER_SPEEDUP_RTX5090_VS_FP8:g}x end-to-end speedup over FP8 on an RTX 5090.")
+
+
+def _downstream_claim(ref: RunFolder) -> str:
   accs = {a: sum(t["accuracy"] for t in ref.arm(a).downstream.values()) / len(ref.arm(a).downstream)
           for a in ref.listed_arms if ref.arm(a).downstream}
   docs = _num_docs([ref.arm(a) for a in accs])
@@ -642,13 +394,11 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
     spread, error = max(accs.values()) - min(accs.values()), accuracy_standard_error(min(docs))
     verdict = ("differences between arms are within the questions' sampling noise"
                if spread <= NOISE_MARGIN * error else "arms differ by more than the questions' sampling noise")
-    lines.append(_claim("Downstream accuracy", verdict,
+    return _claim("Downstream accuracy", verdict,
                         f"Mean accuracy spans {spread:.3f} across the arms of {ref.label}; one task's accuracy has "
                         f"a binomial standard error up to {error:.3f} with {min(docs):,} questions, and all arms "
-                        "share the questions, so small models near chance mostly measure noise."))
-  else:
-    lines.append(_claim("Downstream accuracy", "n/a", "no downstream results in final.json."))
-  return lines + ["", WHAT_WOULD_TELL, ""]
+                        "share the questions, so small models near chance mostly measure noise.")
+  return _claim("Downstream accuracy", "n/a", "no downstream results in final.json.")
 
 
 def render(folders: list[RunFolder], *, command: str, out: Path, figures: Path) -> str:

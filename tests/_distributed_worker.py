@@ -133,7 +133,7 @@ def nvidia_amax() -> dict:
   Shard 0's rows carry a 100x outlier, so a per-shard amax would scale the
   other shards' rows differently (the "local" result below).
   """
-  from tetrajet_jax.linear.linear import linear  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.linear.layer import linear  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(1)
   x = rng.standard_normal((1024, 256)).astype(np.float32)

@@ -6,16 +6,14 @@ or dW differ."""
 
 from __future__ import annotations
 
-import importlib
-
-_lin = importlib.import_module("tetrajet_jax.linear.linear")  # the module (the package re-exports `linear`)
+from tetrajet_jax.linear import layer, recipes
 
 
-def backward_operands(x, w, dy, key, recipe_name: str = "tetrajet_v2", gemm: str = "exact") -> dict:
+def backward_operands(x, w, dy, key, recipe_name: str = "tetrajet_v2", backend: str = "reference") -> dict:
   """{"w_hat", "x_hat", "a3", "b4", "a5", "b6"}: W_hat, X_hat and the four
   GEMM operands (NVFP4Tensor) of the recipe's backward for x [M, K], w [K, N],
   dy [M, N] (no outlier channels)."""
-  recipe = _lin.recipes_lib.get(recipe_name)
-  _, res = _lin._forward(x, w, key, None, recipe, gemm)  # pylint: disable=protected-access
-  ops = _lin._backward_operands(recipe, gemm, res, dy)  # pylint: disable=protected-access
+  recipe = recipes.get(recipe_name, backend=backend)
+  _, res = layer._forward(x, w, key, None, recipe)  # pylint: disable=protected-access
+  ops = layer._backward_operands(recipe, res, dy)  # pylint: disable=protected-access
   return {"w_hat": ops.w_src, "x_hat": ops.x_hat, "a3": ops.a3, "b4": ops.b4, "a5": ops.a5, "b6": ops.b6}

@@ -82,6 +82,22 @@ def test_bad_input_fails_before_compute(tmp_path, capsys, extra, message):
   assert not (tmp_path / "x").exists()
 
 
+def test_backend_flag_reaches_every_arm_and_is_validated(tmp_path, capsys):
+  """--backend (default auto) is each arm's TrainConfig.backend, part of the
+  run identity; an unknown backend is a usage error naming the valid ones."""
+  argv = ["--model", "tiny", "--arms", "bf16,tetrajet_v2", "--tokens", "16384", "--batch-size", "2",
+          "--seq-len", "128", "--out", str(tmp_path)]
+  plans = {b: ablation.make_plan(ablation.parse_args(argv + ([] if b is None else ["--backend", b])),
+                                 vocab_size=512, train_tokens=100_000) for b in (None, "xla")}
+  assert {c.backend for c in plans[None].configs.values()} == {"auto"}
+  assert {c.backend for c in plans["xla"].configs.values()} == {"xla"}
+  ids = [ablation._run_identity(p) for p in plans.values()]  # pylint: disable=protected-access
+  assert ids[0] != ids[1]
+  with pytest.raises(SystemExit):
+    ablation.parse_args(argv + ["--backend", "turbo"])
+  assert "invalid choice: 'turbo'" in capsys.readouterr().err
+
+
 def test_scan_blocks_flag_reaches_the_config_not_the_run_identity(tmp_path):
   """--scan-blocks / --no-scan-blocks pick the layout (default: None, the
   backend's choice); a results folder (and its checkpoints) may mix them,

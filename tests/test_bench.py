@@ -1,4 +1,4 @@
-"""The kernel benchmark's result sink: a run cut off by a time limit keeps its rows."""
+"""The benchmarks (experiments.bench): result rows, checks before timing, waves, and the CLI checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,30 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.bench import Rows
+from experiments.bench import gemms, jobs, kernels, layer_parts, quantizers
+from experiments.bench.jobs import Rows
+
+_MODULES = (jobs, quantizers, gemms, layer_parts, kernels)
+
+
+class _Bench:
+  """The bench's names across its modules; tests read them and patch them here."""
+
+  def __getattr__(self, name):
+    for m in _MODULES:
+      if name in vars(m):
+        return vars(m)[name]
+    raise AttributeError(name)
+
+  def patch(self, monkeypatch, name, value):
+    """Replaces `name` in every bench module that uses it."""
+    hit = [m for m in _MODULES if name in vars(m)]
+    assert hit, name
+    for m in hit:
+      monkeypatch.setattr(m, name, value)
+
+
+bench = _Bench()
 
 
 def test_rows_are_printed_and_saved_as_they_come(tmp_path, capsys):
@@ -29,7 +52,7 @@ def test_rows_are_printed_and_saved_as_they_come(tmp_path, capsys):
 
 
 def test_markdown_tables_render_saved_results():
-  from pallas_kernels.bench import markdown_tables
+  markdown_tables = bench.markdown_tables
 
   res = {"commit": "abc1234", "device": "NVIDIA H200", "jax": "0.11.2", "date": "d", "rows": [
       {"kind": "quant", "name": "xla quantize_nvfp4 bfloat16", "shape": [64, 128], "ms": 0.5, "gbps": 300.0,
@@ -62,8 +85,8 @@ def _same_layout(t, r):
 
 
 def test_rtn_attribution_variants_interpret(rng):
-  from pallas_kernels import quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
-  from pallas_kernels.bench import code_agreement
+  from tetrajet_jax.kernels import quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
+  code_agreement = bench.code_agreement
 
   x = _input(rng)
   ref = quantize_nvfp4_rtn_reference(x)
@@ -79,8 +102,8 @@ def test_rtn_attribution_variants_interpret(rng):
 
 
 def test_rht_sr_attribution_variants_interpret(rng, key):
-  from pallas_kernels import quantize_nvfp4_rht_sr
-  from pallas_kernels.bench import code_agreement
+  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr
+  code_agreement = bench.code_agreement
   from tetrajet_jax.numerics import hadamard_signs
 
   x, signs, seed = _input(rng), hadamard_signs(key), jnp.uint32(5)
@@ -97,7 +120,7 @@ def test_rht_sr_attribution_variants_interpret(rng, key):
 
 @pytest.mark.parametrize("knobs", [dict(_division="hardware"), dict(_math="none")])
 def test_attribution_variants_lower_for_hopper(knobs):
-  from pallas_kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
+  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
 
   spec = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
   jax.jit(lambda v: quantize_nvfp4_rtn(v, **knobs)).trace(spec).lower(lowering_platforms=("cuda",))
@@ -112,13 +135,12 @@ def interpreted_kernels(monkeypatch):
   check the rows, checks and ordering, not the interpreter's speed."""
   import functools
 
-  from pallas_kernels import bench
 
-  monkeypatch.setattr(bench, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
-  monkeypatch.setattr(bench, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
-  monkeypatch.setattr(bench, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
-  monkeypatch.setattr(bench, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
-  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: 1e-3)
+  bench.patch(monkeypatch, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
+  bench.patch(monkeypatch, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
+  bench.patch(monkeypatch, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
+  bench.patch(monkeypatch, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
+  bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)
   return bench
 
 
@@ -192,7 +214,7 @@ def test_gemm_jobs_check_then_time(interpreted_kernels):
   nvfp4_gemm_reference) before its timed jobs; a config whose check fails
   (here: SMEM over the limit) is reported, and its GEMMs are not timed;
   scaled_dot_general is timed or reported as failed (it may not run on CPU)."""
-  from pallas_kernels.nvfp4_gemm import GemmConfig
+  from tetrajet_jax.kernels.nvfp4_gemm import GemmConfig
 
   bench = interpreted_kernels
   shape = (128, 256, 128)
@@ -226,13 +248,13 @@ def test_gemm_jobs_check_then_time(interpreted_kernels):
 def test_gemm_check_failure_stops_timing(monkeypatch, interpreted_kernels):
   """A config whose kernel disagrees with the reference: its check row says so
   (with the error), and its GEMMs run but are reported, not timed."""
-  from pallas_kernels.nvfp4_gemm import GemmConfig
+  from tetrajet_jax.kernels.nvfp4_gemm import GemmConfig
 
   bench = interpreted_kernels
   ref = bench.nvfp4_gemm_reference
-  monkeypatch.setattr(bench, "nvfp4_gemm_reference", lambda a, b: 2 * ref(a, b))
+  bench.patch(monkeypatch, "nvfp4_gemm_reference", lambda a, b: 2 * ref(a, b))
   timed = []
-  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: timed.append(f) or 1e-3)
+  bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: timed.append(f) or 1e-3)
   shape = (128, 256, 128)
   jobs = bench.gemm_jobs(shapes=[shape], configs={"t64x64": GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)},
                          check_shape=shape)
@@ -248,8 +270,8 @@ def test_gemm_check_failure_stops_timing(monkeypatch, interpreted_kernels):
 
 def test_linear_parts_match_the_layer():
   """quantize + gemms reproduce the layer's y, dx, dw (so their timings split its work)."""
-  from pallas_kernels.bench import linear_parts
-  from tetrajet_jax.linear import linear
+  linear_parts = bench.linear_parts
+  from tetrajet_jax.linear import linear, recipes
 
   m, k, n = 128, 256, 128
   kx, kw, kd = jax.random.split(jax.random.key(5), 3)
@@ -257,66 +279,63 @@ def test_linear_parts_match_the_layer():
   w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
   dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
   key = jax.random.key(0)
-  y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe="tetrajet_v2", key=key, gemm="fast"), x, w)
+  y, vjp = jax.vjp(lambda x, w: linear(x, w, recipe=recipes.get("tetrajet_v2", backend="xla"), key=key), x, w)
   dx, dw = vjp(dy)
-  quant, gemms = linear_parts("tetrajet_v2", "fast")
+  quant, gemm_fn = linear_parts("tetrajet_v2", "xla")
   ops = jax.jit(quant)(x, w, dy, key)
   assert len(ops) == 6
-  y2, dx2, dw2 = jax.jit(gemms)(*ops)
+  y2, dx2, dw2 = jax.jit(gemm_fn)(*ops)
   for a, b in ((y, y2), (dx, dx2[:, :k]), (dw, dw2[:k])):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b.astype(a.dtype), np.float32), rtol=1e-6)
 
 
 def test_linear_jobs_on_cpu():
   """The linear section at two small shapes, wave by wave as main() runs it:
-  every job compiles and runs (gemm="pallas" falls back to XLA off Hopper),
+  every job compiles and runs (backend "auto" falls back to XLA off Hopper),
   the GEMMs-only job on the quantizers-only job's output, and each ratio is
   against the bf16 fwd+bwd of its own shape."""
-  from pallas_kernels import bench
 
   shapes = [(128, 256, 128), (128, 128, 256)]
   rows, log = [], io.StringIO()
   jobs = bench.linear_jobs(shapes, shapes[:1])
   waves = [label for label, _ in itertools.groupby(j.wave for j in jobs)]
   assert waves == ["linear xla 128x256x128", "linear pallas 128x256x128", "linear xla 128x128x256",
-                   "linear pallas 128x128x256", "linear parts fast 128x256x128", "linear parts pallas 128x256x128"]
+                   "linear pallas 128x128x256", "linear parts xla 128x256x128", "linear parts auto 128x256x128"]
   bench.run_jobs(rows, log, jobs)
   assert [r["ok"] for r in rows] == [True] * 12, log.getvalue()
   by = {(r["name"], tuple(r["shape"])): r for r in rows}
   for shape in shapes:
-    base = by["linear fwd+bwd bf16 gemm=fast", shape]
+    base = by["linear fwd+bwd bf16 backend=xla", shape]
     assert base["vs_bf16"] == 1.0
-    r = by["linear fwd+bwd tetrajet_v2 gemm=fast", shape]
+    r = by["linear fwd+bwd tetrajet_v2 backend=xla", shape]
     assert r["vs_bf16"] == pytest.approx(r["ms"] / base["ms"])
-  r = by["tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas", shapes[0]]
-  assert r["vs_bf16"] == pytest.approx(r["ms"] / by["linear fwd+bwd bf16 gemm=fast", shapes[0]]["ms"])
+  r = by["tetrajet_v2 GEMMs only (3, pre-quantized) backend=auto", shapes[0]]
+  assert r["vs_bf16"] == pytest.approx(r["ms"] / by["linear fwd+bwd bf16 backend=xla", shapes[0]]["ms"])
   assert all(r["ms"] > 0 for r in rows)
   with pytest.raises(ValueError, match="not among the timed shapes"):
     bench.linear_jobs(shapes[:1], shapes[1:])
 
 
 def test_linear_jobs_attribution_only():
-  """--linear-parts-only --linear-gemms pallas: the bf16 baseline, then the
+  """--linear-parts-only --linear-backends pallas: the bf16 baseline, then the
   pallas attribution rows, and no whole-layer tetrajet_v2 row."""
-  from pallas_kernels import bench
 
   shape = (128, 256, 128)
   jobs = bench.linear_jobs([shape], [shape], ("pallas",), layers=False)
-  assert [j.key[0] for j in jobs] == ["linear fwd+bwd bf16 gemm=fast", "tetrajet_v2 forward only gemm=pallas",
-                                      "tetrajet_v2 quantizers only (6) gemm=pallas",
-                                      "tetrajet_v2 GEMMs only (3, pre-quantized) gemm=pallas"]
+  assert [j.key[0] for j in jobs] == ["linear fwd+bwd bf16 backend=xla", "tetrajet_v2 forward only backend=pallas",
+                                      "tetrajet_v2 quantizers only (6) backend=pallas",
+                                      "tetrajet_v2 GEMMs only (3, pre-quantized) backend=pallas"]
   with pytest.raises(SystemExit):
-    bench.main(["--only", "linear", "--linear-gemms", "fast,bogus"])
+    bench.main(["--only", "linear", "--linear-backends", "xla,bogus"])
 
 
 def test_run_jobs_compiles_wave_by_wave(monkeypatch):
   """Each wave's loops compile together and its rows land before the next
   wave compiles (a call cut off mid-section keeps the earlier waves' rows)."""
-  from pallas_kernels import bench
 
   events, real = [], bench.compile_loops
-  monkeypatch.setattr(bench, "compile_loops", lambda jobs: events.append(("compile", len(jobs))) or real(jobs))
-  monkeypatch.setattr(bench, "time_fn", lambda f, *a, **kw: 1e-3)
+  bench.patch(monkeypatch, "compile_loops", lambda jobs: events.append(("compile", len(jobs))) or real(jobs))
+  bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)
   x = jnp.ones((8, 128), jnp.float32)
   row = lambda dt, out, times: events.append("row") or dict(kind="linear", name="r", ok=True, ms=1.0, vs_bf16=1.0)
   jobs = [bench.Job(("a", ()), lambda v: v + 1, (x,), row=row, wave="one"),

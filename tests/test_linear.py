@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 
 import chex
 import jax
@@ -15,7 +14,7 @@ import pytest
 from flax import nnx
 
 import tetrajet_jax as tj
-from tetrajet_jax.linear import gemm_nt, outlier_count, recipes, residual_bytes_per_token
+from tetrajet_jax.linear import gemm_nt, interpret_kernels, outlier_count, recipes, residual_bytes_per_token
 from tests import layer_stages
 from tests import linear_reference as lref
 from tests import numpy_reference as ref
@@ -28,9 +27,9 @@ def rel_err(a, b) -> float:
   return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@functools.partial(jax.jit, static_argnames=("recipe", "gemm"))
-def grads(recipe, x, w, dy, key, gemm="exact", outlier_idx=None):
-  f = lambda x, w: tj.linear(x, w, recipe=recipe, key=key, gemm=gemm, outlier_idx=outlier_idx)
+@functools.partial(jax.jit, static_argnames=("recipe", "backend"))
+def grads(recipe, x, w, dy, key, backend="reference", outlier_idx=None):
+  f = lambda x, w: tj.linear(x, w, recipe=recipes.get(recipe, backend=backend), key=key, outlier_idx=outlier_idx)
   y, vjp = jax.vjp(f, x, w)
   return (y, *vjp(dy.astype(y.dtype)))
 
@@ -50,8 +49,8 @@ def test_tetrajet_forward_matches_reference(rng, heavy):
   draw = (lambda s: rng.standard_t(2.5, s)) if heavy else rng.standard_normal
   x = draw((200, 256)).astype(np.float32)
   w = (draw((256, 384)) * 0.05).astype(np.float32)
-  y = jax.jit(lambda x, w: tj.linear(x, w, recipe="tetrajet_v2", key=jax.random.key(0), gemm="exact",
-                                     ))(jnp.asarray(x), jnp.asarray(w))
+  y = jax.jit(lambda x, w: tj.linear(x, w, recipe=recipes.get("tetrajet_v2", backend="reference"),
+                                     key=jax.random.key(0)))(jnp.asarray(x), jnp.asarray(w))
   want = lref.tetrajet_forward(x, w)
   # y is bf16: within bf16 rounding of the FP32-accumulated exact product.
   np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
@@ -60,7 +59,8 @@ def test_tetrajet_forward_matches_reference(rng, heavy):
 def test_nvidia_forward_matches_reference(rng):
   x = rng.standard_normal((64, 128)).astype(np.float32)
   w = (rng.standard_normal((128, 256)) * 0.05).astype(np.float32)
-  y = tj.linear(jnp.asarray(x), jnp.asarray(w), recipe="nvidia_nvfp4", key=jax.random.key(0), gemm="exact")
+  y = tj.linear(jnp.asarray(x), jnp.asarray(w), recipe=recipes.get("nvidia_nvfp4", backend="reference"),
+                key=jax.random.key(0))
   cx, sx, ox = ref.nvfp4_tensor(x)
   x_hat = ref.decode_codes(cx) * np.repeat(sx.astype(np.float64), 16, -1) * float(ox)
   cw, sw, ow = ref.nvfp4_tensor_2d(w.T)  # W [N, K] in 16x16 tiles
@@ -139,7 +139,7 @@ def test_outlier_split(rng, key):
   x[:, [5, 77, 300]] *= 50.0  # outlier channels
   w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
   xj, wj = jnp.asarray(x), jnp.asarray(w)
-  fwd = jax.jit(lambda r, i: tj.linear(xj, wj, recipe=r, key=key, gemm="exact", outlier_idx=i),
+  fwd = jax.jit(lambda r, i: tj.linear(xj, wj, recipe=recipes.get(r, backend="reference"), key=key, outlier_idx=i),
                 static_argnums=0)
   pure = fwd("tetrajet_v2_outcontrol", None)
   empty = fwd("tetrajet_v2_outcontrol", jnp.zeros((0,), jnp.int32))
@@ -171,15 +171,15 @@ def test_fast_gemm_deviation_from_exact(rng, key):
   w = jnp.asarray(rng.standard_normal((512, 256)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
   for recipe in ("nvidia_nvfp4", "tetrajet_v2"):
-    e = grads(recipe, x, w, dy, key, gemm="exact")
-    f = grads(recipe, x, w, dy, key, gemm="fast")
+    e = grads(recipe, x, w, dy, key, backend="reference")
+    f = grads(recipe, x, w, dy, key, backend="xla")
     for a, b in zip(f, e):
       # bf16 operands (block scaling) round q*s_in*s_out: <= 2^-9 per element.
       assert rel_err(a, b) < 4e-3, recipe
   # Tensor scaling (NVIDIA) products are exact in the fast path: forward matches
   # exact up to accumulation order and bf16 output rounding.
-  ya = grads("nvidia_nvfp4", x, w, dy, key, gemm="fast")[0]
-  yb = grads("nvidia_nvfp4", x, w, dy, key, gemm="exact")[0]
+  ya = grads("nvidia_nvfp4", x, w, dy, key, backend="xla")[0]
+  yb = grads("nvidia_nvfp4", x, w, dy, key, backend="reference")[0]
   assert rel_err(ya, yb) < 2e-3
 
 
@@ -332,8 +332,8 @@ def test_bad_inputs(key):
     tj.linear(jnp.ones((4, 128)), jnp.ones((256, 128)), recipe="tetrajet_v2", key=key)
   with pytest.raises(ValueError, match="needs key"):
     tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2")
-  with pytest.raises(ValueError, match="gemm mode"):
-    tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, gemm="turbo")
+  with pytest.raises(ValueError, match="unknown backend 'turbo'"):
+    recipes.get("tetrajet_v2", backend="turbo")
   with pytest.raises(ValueError, match=r"outlier channel indices \[1000, 1001.*outside \[0, K=256\)"):
     tj.linear(x, jnp.ones((256, 128)), recipe="tetrajet_v2", key=key, outlier_idx=jnp.arange(128) + 1000)
   with pytest.raises(ValueError, match=r"outside \[0, K=256\)"):
@@ -420,12 +420,12 @@ def test_quantize_linears_by_pattern():
 
 def _pallas_forward_diagnosis(x, w) -> str:
   """Which stage of the Pallas forward differs from the XLA path (for failure messages)."""
-  from tetrajet_jax.linear.gemm import gemm_nt, pallas_rtn_quantize  # noqa: PLC0415
+  from tetrajet_jax.linear.gemm import rtn_quantize  # noqa: PLC0415
 
   out = []
   ops = {}
   for name, a in (("X", x), ("W^T", w.T)):
-    fused, xla = pallas_rtn_quantize(a), tj.quantize_nvfp4(a)
+    fused, xla = rtn_quantize(a, "auto"), tj.quantize_nvfp4(a)
     ops[name] = (fused, xla)
     if fused is None:
       out.append(f"{name}: fused quantizer not used")
@@ -438,8 +438,8 @@ def _pallas_forward_diagnosis(x, w) -> str:
     out.append(f"{name} scale_inner: {int((f != r).sum())} of {f.size} differ")
   if all(v[0] is not None for v in ops.values()):
     xq, wq = ops["X"][1], ops["W^T"][1]
-    g = gemm_nt(xq, wq, mode="pallas", out_dtype=jnp.float32)
-    ref = gemm_nt(xq, wq, mode="exact", out_dtype=jnp.float32)
+    g = gemm_nt(xq, wq, backend="pallas", out_dtype=jnp.float32)
+    ref = gemm_nt(xq, wq, backend="reference", out_dtype=jnp.float32)
     out.append(f"GEMM on identical operands: rel err {rel_err(g, ref):.3g}")
   return "; ".join(out)
 
@@ -447,18 +447,18 @@ def _pallas_forward_diagnosis(x, w) -> str:
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "tetrajet_v2_outcontrol", "nvidia_nvfp4"])
 def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
-  """gemm='pallas' (fused RTN quantizer + exact-product GEMM) vs the FP32 reference path."""
-  import pallas_kernels  # noqa: PLC0415
+  """backend='pallas' (fused RTN quantizer + exact-product GEMM) vs the FP32 reference path."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
 
   m, k, n = 1024, 1024, 512
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((k, n)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
   xq = tj.quantize_nvfp4(x)
-  assert pallas_kernels.can_use_nvfp4_gemm(xq, tj.quantize_nvfp4(w, axis=0)), "the Pallas path must be taken"
+  assert kernels.can_use_nvfp4_gemm(xq, tj.quantize_nvfp4(w, axis=0)), "the Pallas path must be taken"
   idx = jnp.arange(128, dtype=jnp.int32) * 3 if recipe == "tetrajet_v2_outcontrol" else None
-  p = grads(recipe, x, w, dy, key, gemm="pallas", outlier_idx=idx)
-  e = grads(recipe, x, w, dy, key, gemm="exact", outlier_idx=idx)
+  p = grads(recipe, x, w, dy, key, backend="auto", outlier_idx=idx)
+  e = grads(recipe, x, w, dy, key, backend="reference", outlier_idx=idx)
   assert rel_err(p[0], e[0]) < 2e-3, _pallas_forward_diagnosis(x, w)  # same operands, exact products
   if recipe == "nvidia_nvfp4":
     # dX has no RHT (XLA quantizers, same draws): equal up to accumulation order.
@@ -471,7 +471,7 @@ def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):
 
 
 def _assert_same_estimator(recipe, m, k, n, rng, key):
-  """Over 128 keys, gemm='pallas' gradients (Q3..Q6 in the fused RHT + SR
+  """Over 128 keys, the kernels' gradients (Q3..Q6 in the fused RHT + SR
   kernel, its own generator) have the same mean (two-sample z-test against
   the XLA path) and the same spread as the XLA path's."""
   x = jnp.asarray(rng.standard_t(3.0, (m, k)), jnp.float32)
@@ -479,12 +479,12 @@ def _assert_same_estimator(recipe, m, k, n, rng, key):
   dy = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
   keys = jax.random.split(key, 128)
 
-  def sample(gemm):  # a loop, not vmap: the Mosaic GPU kernel need not batch
-    fn = jax.jit(lambda kk: grads(recipe, x, w, dy, kk, gemm=gemm)[1:])
+  def sample(backend):  # a loop, not vmap: the Mosaic GPU kernel need not batch
+    fn = jax.jit(lambda kk: grads(recipe, x, w, dy, kk, backend=backend)[1:])
     draws = [fn(kk) for kk in keys]
     return [np.stack([np.asarray(d[i], np.float64) for d in draws]) for i in range(2)]
 
-  fused, xla = sample("pallas"), sample("exact")
+  fused, xla = sample("auto"), sample("reference")
   for name, a, b in zip(("dx", "dw"), fused, xla):
     se = np.sqrt(a.var(0, ddof=1) / a.shape[0] + b.var(0, ddof=1) / b.shape[0])
     z = np.abs(a.mean(0) - b.mean(0)) / np.maximum(se, 1e-12)
@@ -498,29 +498,45 @@ def _assert_same_estimator(recipe, m, k, n, rng, key):
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "nvidia_nvfp4"])
 def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
   """The fused backward quantizer in the layer at 256^3 on the H200."""
-  import pallas_kernels  # noqa: PLC0415
+  from tetrajet_jax import kernels  # noqa: PLC0415
 
-  assert pallas_kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
+  assert kernels.can_use_pallas_backward_quantizer((256, 256), jnp.bfloat16, axis=-1)
   _assert_same_estimator(recipe, 256, 256, 256, rng, key)
 
 
 def test_pallas_backward_is_the_same_estimator_interpret(rng, key, monkeypatch):
-  """The same check on the CPU: the layer's gemm='pallas' backward with the
-  fused RHT + SR kernel in Mosaic GPU's interpreter (the RTN quantizers and
-  GEMMs stay on XLA), at 128^3; the kernel must have been called."""
-  import pallas_kernels  # noqa: PLC0415
-  from tetrajet_jax.linear import gemm as gemm_module  # noqa: PLC0415
+  """The same check on the CPU: the layer's backward with the fused RHT + SR
+  kernel in Mosaic GPU's interpreter (interpret_kernels("rht_sr"); backend
+  "auto" keeps the RTN quantizers and GEMMs on XLA here), at 128^3; the
+  kernel must have been called."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
 
   calls = []
+  run_kernel = kernels.quantize_nvfp4_rht_sr
 
-  def kernel(*args, **kwargs):
+  def counted(*args, **kwargs):
     calls.append(kwargs.get("axis"))
-    return pallas_kernels.quantize_nvfp4_rht_sr(*args, **kwargs, interpret=True)
+    return run_kernel(*args, **kwargs)
 
-  interpreted = types.SimpleNamespace(
-      can_use_pallas_quantizer=lambda *a, **kw: False, can_use_nvfp4_gemm=lambda *a, **kw: False,
-      can_use_pallas_backward_quantizer=lambda *a, **kw: True, quantize_nvfp4_rht_sr=kernel)
-  monkeypatch.setattr(gemm_module, "_pallas_kernels", lambda: interpreted)
-  _assert_same_estimator("tetrajet_v2", 128, 128, 128, rng, key)
+  monkeypatch.setattr(kernels, "quantize_nvfp4_rht_sr", counted)
+  # Its own recipe name, so no function compiled without the interpreter is reused.
+  recipe = dataclasses.replace(recipes.TETRAJET_V2, name="tetrajet_v2_interpreted")
+  with interpret_kernels("rht_sr"):
+    _assert_same_estimator(recipe, 128, 128, 128, rng, key)
   # Q3..Q6: two calls per axis each time the backward is traced.
   assert calls and calls.count(-1) == calls.count(0) == len(calls) // 2 and len(calls) % 4 == 0, calls
+
+
+def test_pallas_backend_raises_where_the_kernels_cannot_run(rng, key):
+  """backend='pallas' never falls back silently: off Hopper (or on an
+  unsupported shape) it raises BackendUnavailableError, a ValueError."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+  from tetrajet_jax.linear import BackendUnavailableError  # noqa: PLC0415
+
+  if kernels.hopper_available():
+    pytest.skip("the kernels run on this device")
+  x = jnp.asarray(rng.standard_normal((128, 256)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+  with pytest.raises(BackendUnavailableError, match="backend='auto'"):
+    tj.linear(x, w, recipe=recipes.get("tetrajet_v2", backend="pallas"), key=key)
+  assert issubclass(BackendUnavailableError, ValueError)

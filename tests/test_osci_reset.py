@@ -415,3 +415,24 @@ def test_bad_params_raise():
     tx.update(params, state, params, outlier_channels={"nope": jnp.zeros((1,), jnp.int32)})
   with pytest.raises(ValueError, match="float32"):
     tx.init({"embed": {"embedding": jnp.ones((8, 4), jnp.bfloat16)}})
+
+
+def test_monitor_mode_measures_and_never_resets(key):
+  """apply=False: the updates are the upstream optimizer's, bitwise, and the
+  window statistics equal OsciReset's own up to its first reset (the same
+  windows and the same D_Q / D_W sums; after a reset the trajectories part)."""
+  prob, params = _toy_params(key)
+  windows = dict(start_step=3, period=12, window=5, threshold=2.0)
+  plain = _train(optax.chain(optax.sgd(2e-3)), prob, params, 8)
+  monitor = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows, apply=False)), prob, params, 8)
+  reset = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows)), prob, params, 8)
+  for a, b in zip(plain[2], monitor[2]):
+    chex.assert_trees_all_equal(a, b)
+  chex.assert_trees_all_equal(plain[0], monitor[0])
+  m_state, r_state = monitor[1][1], reset[1][1]
+  # The first window ends at update 7: both saw the same trajectory until then.
+  assert int(m_state.num_risky_last["blocks"]["0"]["mlp"]["kernel"]) > 0
+  chex.assert_trees_all_equal(m_state.num_risky_last, r_state.num_risky_last)
+  assert int(m_state.num_reset["blocks"]["0"]["mlp"]["kernel"]) == 0
+  assert int(r_state.num_reset["blocks"]["0"]["mlp"]["kernel"]) > 0
+  assert float(osci_reset_metrics(monitor[1])["osci/risk_frac"]) > 0

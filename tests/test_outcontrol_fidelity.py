@@ -19,21 +19,21 @@ from flax import nnx
 import tetrajet_jax as tj
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.linear import fp4_weight_values, outlier_count, recipes
-from tetrajet_jax.optim import NVFP4WeightQuantizer, osci_reset
+from tetrajet_jax.optim import NVFP4WeightQuantizer, osci_reset, osci_reset_metrics
 from tetrajet_jax.train import TrainConfig, TrainData, Trainer
-from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor
 from tests import linear_reference as lref
 from tests import numpy_reference as ref
 
 F32 = np.float32
 K, N = 512, 256
 # Q1 off, FP32 output, exact GEMM: a one-hot input row j reads row j of the forward's W_hat exactly.
-PROBE = dataclasses.replace(recipes.TETRAJET_V2_OUTCONTROL, name="probe", q1=recipes.OFF, out_dtype=jnp.float32)
+PROBE = dataclasses.replace(recipes.TETRAJET_V2_OUTCONTROL, name="probe", q1=recipes.OFF, out_dtype=jnp.float32,
+                            backend="reference")
 
 
 def _calibrated_layer(rng) -> tj.QuantLinear:
   """An OutControl layer after calibration on inputs with log-normal channel scales (a shuffled order)."""
-  layer = tj.QuantLinear(K, N, recipe=PROBE, gemm="exact", rngs=nnx.Rngs(int(rng.integers(1 << 30))))
+  layer = tj.QuantLinear(K, N, recipe=PROBE, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
   scale = np.exp(rng.normal(0.0, 1.0, K)).astype(F32)
   tj.set_outcontrol_phase(layer, "calibrate")
   for _ in range(2):
@@ -123,13 +123,13 @@ def test_any_outlier_count_forward_and_backward(rng):
   k, n, m = 384, 128, 128
   det = dataclasses.replace(recipes.TETRAJET_V2_OUTCONTROL, name="det", q3=recipes.RTN, q4=recipes.RTN,
                             q5=recipes.RTN, q6=recipes.RTN, rht_dgrad=False, rht_wgrad=False,
-                            out_dtype=jnp.float32)
+                            out_dtype=jnp.float32, backend="reference")
   perm = rng.permutation(k).astype(np.int32)
   out, fp4 = perm[:51], perm[51:]
   x = rng.standard_normal((m, k)).astype(F32)
   w = (rng.standard_normal((k, n)) * 0.05).astype(F32)
   dy = rng.standard_normal((m, n)).astype(F32)
-  f = lambda x, w: tj.linear(x, w, recipe=det, gemm="exact", outlier_idx=out, fp4_idx=fp4)
+  f = lambda x, w: tj.linear(x, w, recipe=det, outlier_idx=out, fp4_idx=fp4)
   y, vjp = jax.vjp(f, jnp.asarray(x), jnp.asarray(w))
   dx, dw = (np.asarray(a, np.float64) for a in vjp(jnp.asarray(dy)))
   x_hat = _padded_fake_quant(x[:, fp4]).astype(F32)  # [M, K'] in the FP4 order
@@ -203,7 +203,8 @@ def test_monitor_counts_only_fp4_rows_on_the_forward_grid(rng):
   layer = _calibrated_layer(rng)
   params = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
   tree = qnn.outlier_channels_tree(layer, params)
-  tx = osci_monitor(start_step=0, period=3, window=1, threshold=8.0, param_filter=qnn.quantized_kernel_filter(layer))
+  tx = osci_reset(start_step=0, period=3, window=1, threshold=8.0, param_filter=qnn.quantized_kernel_filter(layer),
+                  apply=False)
   w = params["kernel"]
   nudge = (w * 1e-3 * jnp.asarray(rng.choice([-1.0, 1.0], w.shape), jnp.float32)).astype(jnp.float32)
   _, state = tx.update({"kernel": nudge}, tx.init(params), params, outlier_channels=tree)
@@ -213,4 +214,4 @@ def test_monitor_counts_only_fp4_rows_on_the_forward_grid(rng):
   d_w = np.abs(np.asarray(nudge))[rows]
   want = np.sum((d_w > 0) & (d_q >= 8.0 * d_w)) / d_q.size
   assert want > 0
-  assert float(find_monitor_state(state).risk_frac) == pytest.approx(want, rel=1e-6)
+  assert float(osci_reset_metrics(state)["osci/window_risk_frac"]) == pytest.approx(want, rel=1e-6)

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr
-from pallas_kernels.nvfp4_quantize_backward import row_keys, transform_matrix
+from tetrajet_jax.kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr
+from tetrajet_jax.kernels.nvfp4_quantize_backward import row_keys, transform_matrix
 from tests import numpy_reference as ref
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, unpack_e2m1)

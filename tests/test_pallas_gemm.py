@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
+from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                             nvfp4_gemm)
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
 from tests import numpy_reference as ref
+from tetrajet_jax.kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
 from tetrajet_jax.numerics import nvfp4_bf16_operand, unpack_e2m1
 
 

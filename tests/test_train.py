@@ -168,9 +168,8 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
     # 3 train steps + validation in 2 phases + the final phase's forward
     assert len(list((tmp_path / "cache").iterdir())) >= 6
     # A fresh trainer of the same run (as in another process) finds all of them on disk.
-    from tetrajet_jax.train import trainer as trainer_module
-    trainer_module._STEP_FNS.clear()
-    trainer_module._EVAL_FNS.clear()
+    from tetrajet_jax.train import step as step_lib
+    step_lib.COMPILED.clear()
     monitoring.register_event_listener(listener)
     fresh = Trainer(cfg, data, progress=False, tensorboard=False)
     fresh.train()

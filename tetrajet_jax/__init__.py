@@ -2,15 +2,16 @@
 
 Public surface; everything else may move. Layers, bottom to top:
   numerics (formats, quantizers, RHT)
-  -> linear (custom_vjp quantized linear, recipes, GEMM execution)
+  -> kernels (Pallas fused quantizers and the NVFP4 GEMM for Hopper)
+  -> linear (custom_vjp quantized linear, recipes, backends: GEMM execution)
   -> nn (Flax NNX layers) / optim (OsciReset)
   -> model, data, evaluation, train
-  -> experiments (ablation runner, outside the package)
+  -> experiments (ablation runner, report, benchmarks; outside the package)
 """
 
 from tetrajet_jax.data import Tokenizer, locate_data, make_train_dataset, make_val_dataset
 from tetrajet_jax.evaluation import TaskResult, evaluate_downstream, evaluate_perplexity
-from tetrajet_jax.linear import Recipe, linear, recipes
+from tetrajet_jax.linear import BackendUnavailableError, Recipe, linear, recipes
 from tetrajet_jax.nn import QuantLinear, freeze_outlier_channels, quantize_linears, set_outcontrol_phase
 from tetrajet_jax.optim import (OsciResetState, latent_weight_histogram, osci_reset, osci_reset_metrics,
                                 oscillation_fraction, weight_change_rates)
@@ -19,7 +20,7 @@ from tetrajet_jax.numerics import (MXFP8Tensor, NonFiniteError, NVFP4Tensor, che
                                    random_hadamard_16)
 
 __all__ = [
-    "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "OsciResetState", "QuantLinear", "Recipe", "TaskResult",
+    "BackendUnavailableError", "MXFP8Tensor", "NVFP4Tensor", "NonFiniteError", "OsciResetState", "QuantLinear", "Recipe", "TaskResult",
     "Tokenizer", "check_numerics", "dequantize", "evaluate_downstream", "evaluate_perplexity",
     "freeze_outlier_channels", "inverse_random_hadamard_16", "latent_weight_histogram", "linear",
     "locate_data", "make_train_dataset", "make_val_dataset", "osci_reset", "osci_reset_metrics",

@@ -38,9 +38,7 @@ _LAZY = {
 
 def __getattr__(name: str):
   if name in _LAZY:
-    import importlib  # pylint: disable=import-outside-toplevel
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+    return getattr(__import__(_LAZY[name], fromlist=[name]), name)
   raise AttributeError(f"module 'tetrajet_jax.data' has no attribute {name!r}")
 
 

@@ -8,7 +8,6 @@ by `tetrajet_jax.data.bundle` (default ``<repo>/.bundle``, or
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import subprocess
 import sys
@@ -130,7 +129,7 @@ def ensure_bundle_wheels(
     True when grain imports afterwards.
   """
   try:
-    importlib.import_module("grain")
+    import grain  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     return True
   except ImportError:
     pass
@@ -141,6 +140,6 @@ def ensure_bundle_wheels(
                   "--target", str(target), *map(str, wheels)], check=True)
   if str(target) not in sys.path:
     sys.path.insert(0, str(target))
-  importlib.invalidate_caches()
-  importlib.import_module("grain")
+  sys.path_importer_cache.pop(str(target), None)  # a finder cached before the install would miss grain
+  import grain  # noqa: F401,F811  pylint: disable=import-outside-toplevel,unused-import,reimported
   return True

@@ -1,47 +1,87 @@
 """GEMM execution for quantized operands: C = A @ B^T over the shared last axis.
 
 Operands are NVFP4Tensor / MXFP8Tensor in canonical layout ([rows, Kp],
-quantized along the last axis) or plain arrays [rows, K]. Modes:
+quantized along the last axis) or plain arrays [rows, K]. The backend (a
+Recipe field) picks how the layer's quantizers and GEMMs execute:
 
-  exact   Dequantize both operands to FP32 and multiply at full FP32
-          precision (Precision.HIGHEST, so no TF32 on GPU). The reference.
-  fast    bf16 tensor-core GEMM with FP32 accumulation (XLA). Products are
-          exact wherever the operand is exact in bf16:
-            * MXFP8: e4m3 * 2^e is exact in bf16;
-            * NVFP4 with tensor scaling: q * s_in is exact in bf16 and the two
-              per-tensor FP32 scales multiply the FP32 result once;
-            * NVFP4 with block scaling: q * s_in * s_out is rounded to bf16
-              (relative error <= 2^-9 per element, the same size as the bf16
-              rounding of the output itself); applying s_out exactly needs a
-              promotion per 128-wide K chunk, which only the Pallas kernel
-              does efficiently. tests/test_linear.py measures the deviation.
-  pallas  The Pallas (Mosaic GPU) NVFP4 GEMM with exact products and per-128
-          promotion when `pallas_kernels` can run the shapes on this
-          backend; otherwise falls back to `fast`. In this mode the linear
-          layer also uses the fused Pallas quantizers (RTN forward,
-          RHT + SR backward) where they run.
+  reference  Dequantize both operands to FP32 and multiply at full FP32
+             precision (Precision.HIGHEST, so no TF32 on GPU). The test
+             reference; quantizers on XLA.
+  xla        bf16 tensor-core GEMM with FP32 accumulation (XLA). Products are
+             exact wherever the operand is exact in bf16:
+               * MXFP8: e4m3 * 2^e is exact in bf16;
+               * NVFP4 with tensor scaling: q * s_in is exact in bf16 and the
+                 two per-tensor FP32 scales multiply the FP32 result once;
+               * NVFP4 with block scaling: q * s_in * s_out is rounded to bf16
+                 (relative error <= 2^-9 per element, the same size as the
+                 bf16 rounding of the output itself); applying s_out exactly
+                 needs a promotion per 128-wide K chunk, which only the Pallas
+                 kernel does efficiently. tests/test_linear.py measures the
+                 deviation.
+  pallas     The Pallas (Mosaic GPU) kernels of tetrajet_jax.kernels: the
+             NVFP4 GEMM with exact products and per-128 promotion, the fused
+             RTN forward quantizer and the fused RHT + SR backward quantizer,
+             for every operation they cover. Raises BackendUnavailableError
+             where a kernel cannot run (no Hopper GPU, unsupported shape).
+  auto       (default) The Pallas kernels where `can_use_*` says they run,
+             XLA elsewhere.
+
+Testing: `interpret_kernels(...)` runs the named kernels in Mosaic GPU's
+interpreter on the CPU, as if the device could run them.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Literal, Union
+import contextlib
+from typing import Iterator, Union
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from tetrajet_jax import kernels
+from tetrajet_jax.linear.recipes import BACKENDS, Backend
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand)
 
-GemmMode = Literal["exact", "fast", "pallas"]
-GEMM_MODES = ("exact", "fast", "pallas")
+KERNELS = ("rtn", "rht_sr", "gemm")  # names for interpret_kernels
 Operand = Union[NVFP4Tensor, MXFP8Tensor, jax.Array]
 
+_interpreted: frozenset[str] = frozenset()
 
-def check_gemm_mode(gemm: str) -> None:
-  if gemm not in GEMM_MODES:
-    raise ValueError(f"Unknown gemm mode {gemm!r}; use one of {', '.join(GEMM_MODES)}.")
+
+class BackendUnavailableError(ValueError):
+  """backend="pallas" was asked for an operation whose kernel cannot run here."""
+
+
+def check_backend(backend: str) -> None:
+  if backend not in BACKENDS:
+    raise ValueError(f"Unknown backend {backend!r}; use one of {', '.join(BACKENDS)}.")
+
+
+@contextlib.contextmanager
+def interpret_kernels(*names: str) -> Iterator[None]:
+  """Runs the named Pallas kernels ("rtn", "rht_sr", "gemm"; default all) in
+  Mosaic GPU's interpreter on the CPU, as if this device could run them, for
+  computations traced inside the context (testing: the real kernel bodies
+  inside the layer without a Hopper GPU). The kernels' own shape checks still
+  apply. Kernels not named keep the device's answer.
+  """
+  global _interpreted
+  names = names or KERNELS
+  for n in names:
+    if n not in KERNELS:
+      raise ValueError(f"interpret_kernels: unknown kernel {n!r}; use some of {', '.join(KERNELS)}.")
+  before, _interpreted = _interpreted, _interpreted | frozenset(names)
+  try:
+    yield
+  finally:
+    _interpreted = before
+
+
+def interpreted() -> frozenset[str]:
+  """The kernels interpret_kernels currently runs in the interpreter."""
+  return _interpreted
 
 
 def _padded_k(op: Operand) -> int:
@@ -74,29 +114,38 @@ def _dot_nt(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
                          preferred_element_type=jnp.float32)
 
 
-@functools.cache
-def _pallas_kernels():
-  """The pallas_kernels package, or None where it is not importable (no Mosaic GPU)."""
-  try:
-    import pallas_kernels  # noqa: PLC0415 (optional: only gemm="pallas" needs it)
-  except ImportError:
+def _kernel_runs(name: str, can_use: bool, backend: Backend, what: str) -> bool:
+  """Whether to run kernel `name`: interpreted, or the device can (`can_use`).
+  backend="pallas" raises where it cannot; "auto" falls back; others never run it."""
+  if backend not in ("auto", "pallas"):
+    return False
+  if name in _interpreted or can_use:
+    return True
+  if backend == "pallas":
+    raise BackendUnavailableError(
+        f"backend='pallas': the Pallas {what} cannot run here (it needs a Hopper GPU, sm_90, and a supported "
+        f"shape; device {jax.devices()[0].device_kind!r}). Use backend='auto' to fall back to XLA where the "
+        "kernels do not run, or backend='xla'.")
+  return False
+
+
+def _interpret(name: str) -> dict:
+  return {"interpret": True} if name in _interpreted else {}
+
+
+def rtn_quantize(x: jax.Array, backend: Backend) -> NVFP4Tensor | None:
+  """The fused Pallas RTN quantizer along x's last axis where the backend
+  runs it, bitwise equal to quantize_nvfp4(x, axis=-1); else None (XLA)."""
+  if not _kernel_runs("rtn", backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(x.shape, x.dtype),
+                      backend, f"RTN quantizer for {x.dtype}{x.shape}"):
     return None
-  return pallas_kernels
+  return kernels.quantize_nvfp4_rtn(x, **_interpret("rtn"))
 
 
-def pallas_rtn_quantize(x: jax.Array) -> NVFP4Tensor | None:
-  """The fused Pallas RTN quantizer along x's last axis where it runs (Hopper,
-  supported shape), bitwise equal to quantize_nvfp4(x, axis=-1); else None."""
-  kernels = _pallas_kernels()
-  if kernels is None or not kernels.can_use_pallas_quantizer(x.shape, x.dtype):
-    return None
-  return kernels.quantize_nvfp4_rtn(x)
-
-
-def pallas_rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
-                           axis: int) -> NVFP4Tensor | None:
+def rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *, axis: int,
+                    backend: Backend) -> NVFP4Tensor | None:
   """The fused Pallas backward quantizer (RHT-16 + double-block scales + SR in
-  one pass) where it runs (Hopper, supported shape), else None.
+  one pass) where the backend runs it, else None (XLA).
 
   Same transform, scales and random bits as quantize_nvfp4(random_hadamard_16(x,
   rht_key, axis=axis), rounding="stochastic", key=sr_key): both draw from the
@@ -104,22 +153,28 @@ def pallas_rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, 
   so the codes agree bitwise wherever the transformed values do (the kernel's
   transform differs from the XLA butterfly only in FP32 accumulation order).
   """
-  kernels = _pallas_kernels()
-  if kernels is None or not kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis):
+  can = backend in ("auto", "pallas") and kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis)
+  if not _kernel_runs("rht_sr", can, backend, f"RHT + SR quantizer for {x.dtype}{x.shape} along axis {axis}"):
     return None
-  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), counter_rng.sr_seed(sr_key), axis=axis)
+  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), counter_rng.sr_seed(sr_key), axis=axis,
+                                      **_interpret("rht_sr"))
 
 
-def gemm_nt(a: Operand, b: Operand, *, mode: GemmMode = "fast", out_dtype=jnp.bfloat16) -> jax.Array:
-  """C[i, j] = sum_k A[i, k] B[j, k] with FP32 accumulation, cast to out_dtype."""
-  check_gemm_mode(mode)
+def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16) -> jax.Array:
+  """C[i, j] = sum_k A[i, k] B[j, k] with FP32 accumulation, cast to out_dtype.
+
+  Raises:
+    BackendUnavailableError: backend="pallas", two NVFP4 operands, and the
+      Pallas GEMM cannot run them here.
+  """
+  check_backend(backend)
   k = max(_padded_k(a), _padded_k(b))
   both_fp4 = isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)
-  if mode == "pallas" and both_fp4:
-    kernels = _pallas_kernels()
-    if kernels is not None and kernels.can_use_nvfp4_gemm(a, b):
-      return kernels.nvfp4_gemm(a, b, out_dtype=out_dtype)
-  if mode == "exact":
+  if both_fp4:
+    can = backend in ("auto", "pallas") and kernels.can_use_nvfp4_gemm(a, b)
+    if _kernel_runs("gemm", can, backend, f"NVFP4 GEMM for {a.shape} x {b.shape}^T"):
+      return kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, **_interpret("gemm"))
+  if backend == "reference":
     out = _dot_nt(_pad_k(_dense(a, jnp.float32), k), _pad_k(_dense(b, jnp.float32), k),
                   precision=lax.Precision.HIGHEST)
     return out.astype(out_dtype)

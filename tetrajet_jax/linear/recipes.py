@@ -23,6 +23,8 @@ import jax.numpy as jnp
 Rounding = Literal["nearest", "stochastic"]
 # How OutControl turns p*K into a channel count (`linear.outlier_count`).
 OUTLIER_ROUNDINGS = ("nearest", "block128")
+Backend = Literal["auto", "xla", "pallas", "reference"]
+BACKENDS = ("auto", "xla", "pallas", "reference")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +70,11 @@ class Recipe:
       to a multiple of 128, capped at floor(K/128)*128 (the reference code's
       kernel-friendly count, far more than p at small K).
     out_dtype: dtype of Y (and the GEMM outputs).
+    backend: how the quantizers and GEMMs execute (linear/gemm.py): "auto"
+      = the Pallas kernels where they run (Hopper GPU, supported shape), XLA
+      elsewhere; "xla" = XLA only (bf16 GEMM, FP32 accumulation); "pallas" =
+      the kernels, raising BackendUnavailableError where they cannot run;
+      "reference" = FP32 dequantized GEMMs (the test reference).
   """
 
   name: str = "custom"
@@ -87,8 +94,11 @@ class Recipe:
   outlier_fraction: float = 0.0
   outlier_rounding: Literal["nearest", "block128"] = "nearest"
   out_dtype: jnp.dtype = jnp.bfloat16
+  backend: Backend = "auto"
 
   def __post_init__(self):
+    if self.backend not in BACKENDS:
+      raise ValueError(f"Recipe {self.name!r}: unknown backend {self.backend!r}; use one of {', '.join(BACKENDS)}.")
     if self.scaling not in ("block", "tensor"):
       raise ValueError(f"Recipe {self.name!r}: scaling must be 'block' or 'tensor', got {self.scaling!r}.")
     if not 0.0 <= self.outlier_fraction < 1.0:
@@ -149,15 +159,20 @@ PRESETS: dict[str, Recipe] = {
 }
 
 
-def get(name: str | Recipe) -> Recipe:
-  """Returns the named preset (a Recipe passes through unchanged).
+def get(name: str | Recipe, *, backend: Backend | None = None) -> Recipe:
+  """Returns the named preset (a Recipe passes through unchanged), with
+  `backend` replaced when given.
 
   Raises:
-    ValueError: unknown name; the message lists the valid ones.
+    ValueError: unknown name or backend; the message lists the valid ones.
   """
   if isinstance(name, Recipe):
-    return name
-  try:
-    return PRESETS[name]
-  except KeyError:
-    raise ValueError(f"Unknown recipe {name!r}. Valid recipes: {', '.join(sorted(PRESETS))}.") from None
+    recipe = name
+  else:
+    try:
+      recipe = PRESETS[name]
+    except KeyError:
+      raise ValueError(f"Unknown recipe {name!r}. Valid recipes: {', '.join(sorted(PRESETS))}.") from None
+  if backend is None or backend == recipe.backend:
+    return recipe
+  return dataclasses.replace(recipe, backend=backend)

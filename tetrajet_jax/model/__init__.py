@@ -1,7 +1,7 @@
 """OLMo-2 style decoder (Flax NNX) and its configs."""
 
-from tetrajet_jax.model.configs import CONFIGS, QUANT_BLOCK, ModelConfig, get_config
+from tetrajet_jax.model.configs import CONFIGS, ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2, RMSNorm, causal_attention, lm_loss, rope, truncated_normal_init
 
-__all__ = ["CONFIGS", "QUANT_BLOCK", "ModelConfig", "OLMo2", "RMSNorm", "causal_attention",
+__all__ = ["CONFIGS", "ModelConfig", "OLMo2", "RMSNorm", "causal_attention",
            "get_config", "lm_loss", "rope", "truncated_normal_init"]

@@ -12,9 +12,9 @@ OLMo's own padded vocabulary).
 from __future__ import annotations
 
 import dataclasses
-import math
 
-QUANT_BLOCK = 128  # NVFP4 outer block along K (spec 1); also the token multiple for Q5/Q6
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
+
 VOCAB_MULTIPLE = 128
 
 
@@ -33,8 +33,6 @@ class ModelConfig:
     norm_eps: RMSNorm epsilon.
     init_std: std of the truncated (at 3 sigma) normal init of every matrix.
     z_loss: weight of the z-loss term ``z_loss * logsumexp(logits)**2``.
-    nvidia_bf16_fraction: for the ``nvidia_nvfp4`` recipe, this fraction of
-      the blocks (the last ones, rounded up) stays in bf16 (spec 5).
     attention: ``"xla"`` (einsum, any backend) or ``"cudnn"``
       (`jax.nn.dot_product_attention` flash kernel, GPU only).
     peak_lr: default peak learning rate for this size (spec 6: 4e-4 for 70M,
@@ -51,7 +49,6 @@ class ModelConfig:
   norm_eps: float = 1e-6
   init_std: float = 0.02
   z_loss: float = 1e-5
-  nvidia_bf16_fraction: float = 0.15
   attention: str = "xla"
   peak_lr: float = 3e-4
 
@@ -66,13 +63,11 @@ class ModelConfig:
       raise ValueError(f"{self.name}: head_dim={self.head_dim} must be even for RoPE.")
     for field in ("d_model", "mlp_hidden"):
       v = getattr(self, field)
-      if v % QUANT_BLOCK:
-        raise ValueError(f"{self.name}: {field}={v} must be a multiple of {QUANT_BLOCK} (the NVFP4 "
-                         f"1x{QUANT_BLOCK} block along K); use {(-(-v // QUANT_BLOCK)) * QUANT_BLOCK}.")
+      if v % OUTER_BLOCK:
+        raise ValueError(f"{self.name}: {field}={v} must be a multiple of {OUTER_BLOCK} (the NVFP4 "
+                         f"1x{OUTER_BLOCK} block along K); use {(-(-v // OUTER_BLOCK)) * OUTER_BLOCK}.")
     if self.vocab_size < 0:
       raise ValueError(f"{self.name}: vocab_size={self.vocab_size} must be >= 0.")
-    if not 0.0 <= self.nvidia_bf16_fraction < 1.0:
-      raise ValueError(f"nvidia_bf16_fraction={self.nvidia_bf16_fraction} must be in [0, 1).")
     if self.attention not in ("xla", "cudnn"):
       raise ValueError(f"attention={self.attention!r}; use 'xla' or 'cudnn'.")
 
@@ -88,13 +83,6 @@ class ModelConfig:
 
   def with_vocab(self, vocab_size: int) -> "ModelConfig":
     return dataclasses.replace(self, vocab_size=vocab_size)
-
-  def bf16_blocks(self, recipe_name: str) -> frozenset[int]:
-    """Indices of the blocks that run the bf16 recipe instead of ``recipe_name``."""
-    if recipe_name != "nvidia_nvfp4":
-      return frozenset()
-    n = math.ceil(self.nvidia_bf16_fraction * self.num_layers)
-    return frozenset(range(self.num_layers - n, self.num_layers))
 
   def param_counts(self) -> dict[str, int]:
     """Parameter counts by group, from the shapes alone.

@@ -13,10 +13,14 @@ rotate-half layout), causal softmax attention, output projection. MLP: one
 fused up/gate projection (first half up, second half gate),
 ``silu(gate) * up``, down projection. No biases anywhere.
 
-Numerics: parameters are float32 masters; the four block linears (QKV,
-attention out, up/gate, down) are `tetrajet_jax.nn.QuantLinear` with the
-run's recipe; everything else (embedding, LM head, norms, attention
-score/value matmuls) computes in bfloat16 with float32 accumulation. The
+Numerics: parameters are float32 masters; everything computes in bfloat16
+with float32 accumulation. The model knows nothing of quantization: the four
+block linears (QKV, attention out, up/gate, down) are plain ``nnx.Linear``,
+which `tetrajet_jax.nn.quantize_linears` converts by path pattern (the
+trainer does so per arm, `tetrajet_jax.train.arms`). Each block linear draws
+the seed of its call-time key stream right after its kernel, so a converted
+model has the kernels and quantization keys of one built from quantized
+layers with the same seed. The
 residual stream is float32 (adds are cheap; bf16 residuals lose small
 updates). Logits are float32.
 
@@ -37,7 +41,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tetrajet_jax import nn as qnn
-from tetrajet_jax.linear import recipes
 from tetrajet_jax.model.configs import ModelConfig
 
 COMPUTE_DTYPE = jnp.bfloat16
@@ -98,57 +101,64 @@ def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.
                     preferred_element_type=jnp.float32).astype(COMPUTE_DTYPE)
 
 
-def _quant_linear(cfg: ModelConfig, d_in: int, d_out: int, recipe: recipes.Recipe, gemm: str,
-                  rngs: nnx.Rngs) -> "qnn.QuantLinear":
-  return qnn.QuantLinear(d_in, d_out, recipe=recipe, rngs=rngs, use_bias=False,
-                         kernel_init=truncated_normal_init(cfg.init_std), param_dtype=jnp.float32,
-                         gemm=gemm)
+def _block_linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+  """A block linear: bf16 operands, float32 accumulation and master weight,
+  plus the seed of its call-time key stream (kept by `quantize_linears`)."""
+  lin = nnx.Linear(d_in, d_out, use_bias=False, dtype=COMPUTE_DTYPE, param_dtype=jnp.float32,
+                   kernel_init=truncated_normal_init(cfg.init_std), preferred_element_type=jnp.float32,
+                   rngs=rngs)
+  lin.key_seed = qnn.QuantKeyState(jax.random.key_data(qnn.stream_key(rngs)))
+  return lin
+
+
+def _bf16(y: jax.Array) -> jax.Array:
+  return y.astype(COMPUTE_DTYPE)  # a converted layer's output already is
 
 
 class Attention(nnx.Module):
   """Fused QKV, QK-norm over the full projected dims, RoPE, causal attention, out proj."""
 
-  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d = cfg.d_model
     self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
     self.rope_theta, self.impl = cfg.rope_theta, cfg.attention
-    self.qkv = _quant_linear(cfg, d, 3 * d, recipe, gemm, rngs)
+    self.qkv = _block_linear(cfg, d, 3 * d, rngs)
     self.q_norm = RMSNorm(d, eps=cfg.norm_eps)
     self.k_norm = RMSNorm(d, eps=cfg.norm_eps)
-    self.out = _quant_linear(cfg, d, d, recipe, gemm, rngs)
+    self.out = _block_linear(cfg, d, d, rngs)
 
   def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
     B, T, d = x_BxTxD.shape
-    qkv_BxTx3D = self.qkv(x_BxTxD.astype(COMPUTE_DTYPE))
+    qkv_BxTx3D = _bf16(self.qkv(x_BxTxD.astype(COMPUTE_DTYPE)))
     q, k, v = jnp.split(qkv_BxTx3D, 3, axis=-1)  # each [B,T,D]
     q, k = self.q_norm(q), self.k_norm(k)
     split = lambda t: t.astype(COMPUTE_DTYPE).reshape(B, T, self.num_heads, self.head_dim)
     q_BxTxHxd = rope(split(q), positions_T, self.rope_theta)
     k_BxTxHxd = rope(split(k), positions_T, self.rope_theta)
     o_BxTxHxd = causal_attention(q_BxTxHxd, k_BxTxHxd, split(v), impl=self.impl)
-    return self.out(o_BxTxHxd.reshape(B, T, d))
+    return _bf16(self.out(o_BxTxHxd.reshape(B, T, d)))
 
 
 class MLP(nnx.Module):
   """SwiGLU with a fused up/gate projection: ``down(silu(gate) * up)``."""
 
-  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
-    self.up_gate = _quant_linear(cfg, cfg.d_model, 2 * cfg.mlp_hidden, recipe, gemm, rngs)
-    self.down = _quant_linear(cfg, cfg.mlp_hidden, cfg.d_model, recipe, gemm, rngs)
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.up_gate = _block_linear(cfg, cfg.d_model, 2 * cfg.mlp_hidden, rngs)
+    self.down = _block_linear(cfg, cfg.mlp_hidden, cfg.d_model, rngs)
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    up, gate = jnp.split(self.up_gate(x_BxTxD.astype(COMPUTE_DTYPE)), 2, axis=-1)  # [B,T,H] each
+    up, gate = jnp.split(_bf16(self.up_gate(x_BxTxD.astype(COMPUTE_DTYPE))), 2, axis=-1)  # [B,T,H] each
     h_BxTxH = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(COMPUTE_DTYPE)
-    return self.down(h_BxTxH)
+    return _bf16(self.down(h_BxTxH))
 
 
 class Block(nnx.Module):
   """One OLMo-2 block with norm_after: ``h = x + norm(attn(x)); h + norm(mlp(h))``."""
 
-  def __init__(self, cfg: ModelConfig, recipe: recipes.Recipe, *, gemm: str, rngs: nnx.Rngs):
-    self.attn = Attention(cfg, recipe, gemm=gemm, rngs=rngs)
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn = Attention(cfg, rngs=rngs)
     self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-    self.mlp = MLP(cfg, recipe, gemm=gemm, rngs=rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
 
   def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
@@ -161,36 +171,26 @@ class OLMo2(nnx.Module):
 
   Args:
     cfg: the model config (``cfg.vocab_size`` must be set).
-    recipe: recipe name for the block linears (`tetrajet_jax.linear.recipes`).
-      With ``"nvidia_nvfp4"`` the last ``ceil(cfg.nvidia_bf16_fraction * L)``
-      blocks use ``"bf16"`` (NVIDIA keeps ~15% of the linears in bf16).
-    gemm: GEMM implementation passed to every QuantLinear.
     scan_blocks: run each run of identical blocks as one lax.scan (compiles
       one block graph instead of one per block); False unrolls them; None
       (the default): `default_scan_blocks()` for the current backend.
     rngs: parameter init and quantization key streams.
 
   Example:
-    >>> model = OLMo2(get_config("tiny").with_vocab(4096), recipe="bf16", rngs=nnx.Rngs(0))
+    >>> model = OLMo2(get_config("tiny").with_vocab(4096), rngs=nnx.Rngs(0))
     >>> logits = model(jnp.zeros((2, 128), jnp.int32))
   """
 
-  def __init__(self, cfg: ModelConfig, *, recipe: str, rngs: nnx.Rngs, gemm: str = "fast",
-               scan_blocks: bool | None = None):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, scan_blocks: bool | None = None):
     self.cfg = cfg
-    self.recipe_name = recipe
     self.scan_blocks = default_scan_blocks() if scan_blocks is None else scan_blocks
-    base = recipes.get(recipe)
-    bf16 = recipes.get("bf16")
-    bf16_blocks = cfg.bf16_blocks(recipe)
     init = truncated_normal_init(cfg.init_std)
     V, d = cfg.padded_vocab, cfg.d_model
     self.embed = nnx.Embed(V, d, param_dtype=jnp.float32, embedding_init=init, rngs=rngs)
     for i in range(cfg.num_layers):
       # Named attributes, not a list: string keys all the way down keep the
       # checkpoint tree and the optimizer's path filters simple.
-      setattr(self, f"layers_{i}",
-              Block(cfg, bf16 if i in bf16_blocks else base, gemm=gemm, rngs=rngs))
+      setattr(self, f"layers_{i}", Block(cfg, rngs=rngs))
     self.final_norm = RMSNorm(d, eps=cfg.norm_eps)
     self.lm_head = nnx.Linear(d, V, use_bias=False, dtype=COMPUTE_DTYPE, param_dtype=jnp.float32,
                               kernel_init=init, preferred_element_type=jnp.float32, rngs=rngs)
@@ -215,7 +215,7 @@ class OLMo2(nnx.Module):
 
   def _block_runs(self) -> list[tuple[nnx.GraphDef, list[Block]]]:
     """(graphdef, blocks) of each run of consecutive blocks with the same
-    structure (recipe, OutControl phase, GEMM mode): one lax.scan each."""
+    structure (recipe, OutControl phase, backend): one lax.scan each."""
     runs: list[tuple[nnx.GraphDef, list[Block]]] = []
     for block in self.blocks:
       graphdef = nnx.graphdef(block)

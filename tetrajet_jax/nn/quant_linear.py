@@ -33,9 +33,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tetrajet_jax.linear import recipes as recipes_lib
-from tetrajet_jax.linear.gemm import GemmMode, check_gemm_mode
-from tetrajet_jax.linear.linear import (ChannelSplit, linear, outlier_count, validate_channel_split,
-                                        validate_linear_shapes)
+from tetrajet_jax.linear.layer import (ChannelSplit, linear, outlier_count, validate_channel_split,
+                                       validate_linear_shapes)
+from tetrajet_jax.tree_paths import path_strs
 
 OUTCONTROL_PHASES = ("fp4", "calibrate", "frozen")
 
@@ -52,7 +52,8 @@ class OutControlChannels(nnx.Variable):
   """Frozen outlier (MXFP8) input channel indices of a layer."""
 
 
-def _stream_key(rngs: nnx.Rngs) -> jax.Array:
+def stream_key(rngs: nnx.Rngs) -> jax.Array:
+  """One draw from the 'quant' stream (else 'params', else the default one)."""
   for name in ("quant", "params", "default"):
     try:
       return getattr(rngs, name)()
@@ -79,18 +80,15 @@ class QuantLinear(nnx.Module):
       kernel_init: Callable = nnx.initializers.lecun_normal(),
       bias_init: Callable = nnx.initializers.zeros_init(),
       param_dtype: Any = jnp.float32,
-      gemm: GemmMode = "fast",
       rngs: nnx.Rngs,
   ):
     self.recipe = recipes_lib.get(recipe)
-    check_gemm_mode(gemm)
     validate_linear_shapes(in_features, out_features, self.recipe)
     self.in_features = in_features
     self.out_features = out_features
-    self.gemm = gemm
     self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
     self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
-    self.key_seed = QuantKeyState(jax.random.key_data(_stream_key(rngs)))
+    self.key_seed = QuantKeyState(jax.random.key_data(stream_key(rngs)))
     self.key_count = QuantKeyState(jnp.zeros((), jnp.uint32))
     n_out = (outlier_count(in_features, self.recipe.outlier_fraction, self.recipe.outlier_rounding)
              if self.recipe.quantized else 0)
@@ -150,7 +148,7 @@ class QuantLinear(nnx.Module):
     split = self.channel_split()
     if key is None and self.recipe.quantized:
       key = self.next_key()
-    y = linear(x, self.kernel[...], recipe=self.recipe, key=key, gemm=self.gemm,
+    y = linear(x, self.kernel[...], recipe=self.recipe, key=key,
                outlier_idx=None if split is None else split.outlier,
                fp4_idx=None if split is None else split.fp4)
     if self.bias is not None:
@@ -205,7 +203,7 @@ def outlier_fractions(model: nnx.Module) -> dict[str, float]:
 
 
 def _kernel_paths(model: nnx.Module) -> dict[tuple[str, ...], QuantLinear]:
-  return {tuple(map(str, path)) + ("kernel",): layer
+  return {path_strs(path) + ("kernel",): layer
           for path, layer in iter_quant_linears(model) if layer.recipe.quantized}
 
 
@@ -216,7 +214,7 @@ def quantized_kernel_filter(model: nnx.Module) -> Callable[[tuple[str, ...], Any
   (list indices as their decimal string).
   """
   paths = frozenset(_kernel_paths(model))
-  return lambda path, leaf: tuple(map(str, path)) in paths
+  return lambda path, leaf: path_strs(path) in paths
 
 
 def outlier_channels_tree(model: nnx.Module, params: Any | None = None) -> Any:
@@ -229,7 +227,7 @@ def outlier_channels_tree(model: nnx.Module, params: Any | None = None) -> Any:
 
   def pick(path, leaf):
     del leaf
-    key = tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+    key = path_strs(path)
     layer = layers.get(key)
     return None if layer is None else layer.channel_split()
 
@@ -237,19 +235,27 @@ def outlier_channels_tree(model: nnx.Module, params: Any | None = None) -> Any:
 
 
 def quantize_linears(model: nnx.Module, recipe: str | recipes_lib.Recipe, *, pattern: str | None = None,
-                     gemm: GemmMode = "fast", rngs: nnx.Rngs | None = None) -> list[str]:
+                     rngs: nnx.Rngs | None = None) -> list[str]:
   """Replaces the model's nnx.Linear layers by QuantLinear, in place.
 
   Args:
     model: any NNX model.
-    recipe: recipe for the converted layers.
+    recipe: recipe for the converted layers (its `backend` included).
     pattern: regex searched in each layer's '/'-joined path; None = all.
-    gemm: GEMM mode of the new layers.
     rngs: seeds the layers' quantization key streams (default nnx.Rngs(0)).
+      A linear that already carries a `key_seed` (QuantKeyState, drawn by the
+      model at init) keeps it instead, so the converted model's keys do not
+      depend on the conversion.
 
   Returns:
     The converted paths. Kernel and bias values are carried over unchanged.
+
+  Raises:
+    ValueError: unknown recipe, a pattern that matches nothing, or a matched
+      layer the recipe cannot quantize (named in the message); every match is
+      checked before any layer is converted, so the model is left untouched.
   """
+  recipe = recipes_lib.get(recipe)
   rngs = rngs if rngs is not None else nnx.Rngs(0)
   regex = re.compile(pattern) if pattern is not None else None
   targets = []
@@ -260,12 +266,20 @@ def quantize_linears(model: nnx.Module, recipe: str | recipes_lib.Recipe, *, pat
         targets.append((path, name, module))
   if regex is not None and not targets:
     raise ValueError(f"quantize_linears: pattern {pattern!r} matched no nnx.Linear in the model.")
+  for _, name, lin in targets:
+    try:
+      validate_linear_shapes(*lin.kernel[...].shape, recipe)
+    except ValueError as e:
+      raise ValueError(f"quantize_linears: layer {name!r} cannot take recipe {recipe.name!r}: {e} "
+                       "No layer was converted; narrow `pattern` to skip it.") from None
   converted = []
   for path, name, lin in targets:
     k = lin.kernel[...]
     q = QuantLinear(k.shape[0], k.shape[1], recipe=recipe, use_bias=lin.bias is not None,
-                    param_dtype=k.dtype, gemm=gemm, rngs=rngs)
+                    param_dtype=k.dtype, rngs=rngs)
     q.kernel[...] = k
+    if isinstance(getattr(lin, "key_seed", None), QuantKeyState):
+      q.key_seed[...] = lin.key_seed[...]
     if lin.bias is not None:
       q.bias[...] = lin.bias[...]
     parent = model

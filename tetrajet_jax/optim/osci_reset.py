@@ -15,10 +15,11 @@ n = S + kP + T applies the reset (it adds nothing to the sums). Before S and
 between windows the transformation only counts updates.
 
 In OutControl layers only the FP4 rows take part, and Q is the forward's own
-quantization of the gathered FP4 rows in the layer's FP4 order (spec 3):
-`update(..., outlier_channels=tree)` passes each such kernel's
-`ChannelSplit` (`tetrajet_jax.nn.outlier_channels_tree`). Q(w_{n}) is recomputed from `params`
-(the optimizer's input), so no snapshot of weights or codes is stored.
+quantization of the gathered FP4 rows in the layer's FP4 order (docs/SPEC.md
+section 3): `update(..., outlier_channels=tree)` passes each such kernel's
+`ChannelSplit` (`tetrajet_jax.nn.outlier_channels_tree`). Q(w_{n}) is
+recomputed from `params` (the optimizer's input), so no snapshot of weights
+or codes is stored.
 
 The transformation goes after the optimizer in a chain, so it sees the
 parameters the update would produce:
@@ -41,6 +42,7 @@ Memory (state only; see docs/OSCI_RESET.md for measured figures):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -48,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from tetrajet_jax.linear.linear import ChannelSplit, channel_split
+from tetrajet_jax.linear.layer import ChannelSplit, channel_split
 from tetrajet_jax.optim.weight_quantizer import (NVFP4WeightQuantizer, ParamFilter, Path, Quantizer,
                                                  default_param_filter, leaves_with_paths, nest, path_name)
 
@@ -129,6 +131,54 @@ def leaf_fp4_rows(path: Path, shape: tuple[int, ...], outliers: dict[Path, Any])
   return jnp.zeros((shape[0],), jnp.bool_).at[rows].set(True), rows
 
 
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """OsciReset's settings, validated by `osci_reset`."""
+
+  start_step: int
+  period: int
+  window: int
+  threshold: float
+  quantizer: Any
+  param_filter: Any
+  track_fraction: float
+  apply: bool
+
+  @property
+  def lean(self) -> bool:
+    return self.track_fraction < 1.0
+
+  def num_tracked(self, size: int) -> int:
+    return min(size, math.ceil(self.track_fraction * size)) if self.lean else size
+
+
+def _validated_config(*, start_step, period, window, threshold, quantizer, param_filter, track_fraction,
+                      apply) -> _Config:
+  """`osci_reset`'s arguments checked and completed with the defaults (ValueError says what to change)."""
+  start_step = _check_int("start_step", start_step, 0)
+  window = _check_int("window", window, 1)
+  period = _check_int("period", period, 1)
+  if window >= period:
+    raise ValueError(f"osci_reset: window ({window}) must be shorter than period ({period}); "
+                     f"windows of consecutive periods would overlap.")
+  if not threshold > 0:
+    raise ValueError(f"osci_reset: threshold must be > 0, got {threshold} (the paper uses 8).")
+  threshold = float(threshold)
+  if not 0.0 < track_fraction <= 1.0:
+    raise ValueError(f"osci_reset: track_fraction must be in (0, 1], got {track_fraction} "
+                     f"(1 tracks every element; 0.1 is the paper's memory-lean variant).")
+  lean = track_fraction < 1.0
+  quantizer = NVFP4WeightQuantizer() if quantizer is None else quantizer
+  if not callable(quantizer):
+    raise ValueError(f"osci_reset: quantizer must be callable w -> Q(w), got {quantizer!r}.")
+  if lean and not callable(getattr(quantizer, "edge_distance", None)):
+    raise ValueError("osci_reset: track_fraction < 1 needs a quantizer with an edge_distance(w) method "
+                     "(distance to the nearest decision threshold in grid gaps), e.g. NVFP4WeightQuantizer.")
+  param_filter = default_param_filter if param_filter is None else param_filter
+  return _Config(start_step=start_step, period=period, window=window, threshold=threshold, quantizer=quantizer,
+                 param_filter=param_filter, track_fraction=track_fraction, apply=apply)
+
+
 def osci_reset(
     *,
     start_step: int,
@@ -138,6 +188,7 @@ def osci_reset(
     quantizer: Quantizer | None = None,
     param_filter: ParamFilter | None = None,
     track_fraction: float = 1.0,
+    apply: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   """Oscillation reset (TetraJet-v2 OsciReset), chained after the optimizer.
 
@@ -160,6 +211,10 @@ def osci_reset(
     track_fraction: fraction of each leaf's elements tracked per period
       (memory-lean variant): at each period start the ceil(f * n) elements
       closest to an RTN decision threshold.
+    apply: False = monitor mode: the same windows and statistics (so
+      `osci_reset_metrics` reports the oscillating fraction), but no element
+      is reset and the updates pass through unchanged; for runs without
+      OsciReset that still plot the quantity it acts on.
 
   Returns:
     A GradientTransformationExtraArgs. `update(updates, state, params,
@@ -175,155 +230,147 @@ def osci_reset(
     >>> state = tx.init(params)
     >>> updates, state = tx.update(grads, state, params)
   """
-  start_step = _check_int("start_step", start_step, 0)
-  window = _check_int("window", window, 1)
-  period = _check_int("period", period, 1)
-  if window >= period:
-    raise ValueError(f"osci_reset: window ({window}) must be shorter than period ({period}); "
-                     f"windows of consecutive periods would overlap.")
-  if not threshold > 0:
-    raise ValueError(f"osci_reset: threshold must be > 0, got {threshold} (the paper uses 8).")
-  threshold = float(threshold)
-  if not 0.0 < track_fraction <= 1.0:
-    raise ValueError(f"osci_reset: track_fraction must be in (0, 1], got {track_fraction} "
-                     f"(1 tracks every element; 0.1 is the paper's memory-lean variant).")
-  lean = track_fraction < 1.0
-  quantizer = NVFP4WeightQuantizer() if quantizer is None else quantizer
-  if not callable(quantizer):
-    raise ValueError(f"osci_reset: quantizer must be callable w -> Q(w), got {quantizer!r}.")
-  if lean and not callable(getattr(quantizer, "edge_distance", None)):
-    raise ValueError("osci_reset: track_fraction < 1 needs a quantizer with an edge_distance(w) method "
-                     "(distance to the nearest decision threshold in grid gaps), e.g. NVFP4WeightQuantizer.")
-  param_filter = default_param_filter if param_filter is None else param_filter
-
-  def num_tracked(size: int) -> int:
-    return min(size, math.ceil(track_fraction * size)) if lean else size
-
-  def init_fn(params):
-    leaves = leaves_with_paths(params)
-    tracked = {p: w for p, w in leaves.items() if param_filter(p, w)}
-    if not tracked:
-      names = ", ".join(path_name(p) for p in list(leaves)[:8])
-      raise ValueError(f"osci_reset: param_filter matches no parameter (first paths: {names}); "
-                       f"the default tracks 2-D leaves named 'kernel' outside 'embed'/'lm_head'.")
-    for p, w in tracked.items():
-      if jnp.asarray(w).dtype != jnp.float32:
-        raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} has dtype {jnp.asarray(w).dtype}; "
-                         f"OsciReset needs float32 master weights to land on Q(w) exactly.")
-      if jnp.ndim(w) < 1:
-        raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} is a scalar; exclude it in param_filter.")
-
-    def acc(w):
-      shape = (num_tracked(w.size),) if lean else w.shape
-      return jnp.zeros(shape, jnp.float32)
-
-    zero = lambda w: jnp.zeros((), jnp.int32)
-    return OsciResetState(
-        count=jnp.zeros((), jnp.int32),
-        d_q=nest({p: acc(w) for p, w in tracked.items()}),
-        d_w=nest({p: acc(w) for p, w in tracked.items()}),
-        index=nest({p: jnp.zeros((num_tracked(w.size),), jnp.int32) for p, w in tracked.items()}) if lean else {},
-        num_active=nest({p: zero(w) for p, w in tracked.items()}),
-        num_risky=nest({p: zero(w) for p, w in tracked.items()}),
-        num_risky_last=nest({p: zero(w) for p, w in tracked.items()}),
-        num_reset=nest({p: zero(w) for p, w in tracked.items()}),
-    )
-
-  def leaf_window_step(p, u, fields, row_active, rows, starts, ends):
-    """One window update (or the reset update after it, `ends`) of one leaf: (new update, new fields)."""
-    d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset = fields
-    q_of = quantizer if rows is None else (lambda w: quantizer(w, rows))
-    # Barriers keep XLA (CPU) from contracting a product feeding these adds into an FMA: the
-    # upstream update and Q(w) = (q * s_in) * s_out must be rounded to float32 before they are
-    # added or subtracted, or w_new, D_Q and the exact landing would not be float32 arithmetic.
-    p, u = jax.lax.optimization_barrier((p, u))
-    w_new = (p + u).astype(p.dtype)  # what optax.apply_updates will produce
-    q_prev, q_new = jax.lax.optimization_barrier((q_of(p), q_of(w_new)))
-    active = jnp.broadcast_to(row_active.reshape((-1,) + (1,) * (p.ndim - 1)), p.shape)
-    if lean:
-      def select(_):
-        dist = quantizer.edge_distance(p) if rows is None else quantizer.edge_distance(p, rows)
-        score = jnp.where(active, dist, jnp.inf).reshape(-1)
-        _, idx = jax.lax.top_k(-score, index.shape[0])
-        return jnp.sort(idx).astype(jnp.int32)  # sorted: gathers and scatters walk memory in order
-      index = jax.lax.cond(starts, select, lambda _: index, None)
-      pick = lambda x: x.reshape(-1)[index]
-      p_t, q_prev_t, q_new_t, w_new_t, active_t = map(pick, (p, q_prev, q_new, w_new, active))
-    else:
-      p_t, q_prev_t, q_new_t, w_new_t, active_t = p, q_prev, q_new, w_new, active
-    acc = active_t & ~ends  # the reset update adds nothing to the window's sums
-    d_q = jnp.where(starts, 0.0, d_q) + jnp.where(acc, jnp.abs(q_new_t - q_prev_t), 0.0)
-    d_w = jnp.where(starts, 0.0, d_w) + jnp.where(acc, jnp.abs(w_new_t - p_t), 0.0)
-    risk = jnp.where(d_w > 0, d_q / jnp.where(d_w > 0, d_w, 1.0), 0.0)
-    risky = active_t & (risk >= threshold)
-    step, exact = _exact_step(p_t, q_new_t)
-    reset = risky & exact & ends
-    if lean:
-      u_flat = u.reshape(-1)
-      u = u_flat.at[index].set(jnp.where(reset, step, u_flat[index]), unique_indices=True).reshape(u.shape)
-    else:
-      u = jnp.where(reset, step, u)
-    n_risky = jnp.sum(risky, dtype=jnp.int32)
-    n_risky_last = jnp.where(ends, n_risky, n_risky_last)
-    n_reset = jnp.where(ends, jnp.sum(reset, dtype=jnp.int32), n_reset)
-    n_active = jnp.sum(active, dtype=jnp.int32)
-    return u, (d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset)
+  cfg = _validated_config(start_step=start_step, period=period, window=window, threshold=threshold,
+                          quantizer=quantizer, param_filter=param_filter, track_fraction=track_fraction,
+                          apply=apply)
 
   def update_fn(updates, state, params=None, *, outlier_channels=None, **extra_args):
     del extra_args  # other transformations' extra arguments
     if params is None:
       raise ValueError("osci_reset: update needs params (tx.update(updates, state, params)); it must see "
                        "the weights the update produces to track Q(w).")
-    u_leaves = leaves_with_paths(updates)
-    p_leaves = leaves_with_paths(params)
-    names = [tuple(p) for p in leaves_with_paths(state.d_q)]
-    for path in names:
-      if path not in p_leaves or path not in u_leaves:
-        raise ValueError(f"osci_reset: tracked parameter {path_name(path)!r} is missing from params/updates; "
-                         f"the tree changed since init.")
-    outliers: dict[Path, Any] = {}
-    if outlier_channels is not None:
-      outliers = outlier_leaves(outlier_channels)
-      unknown = [path_name(p) for p in outliers if p not in p_leaves]
-      if unknown:
-        raise ValueError(f"osci_reset: outlier_channels names paths that are not parameters: {unknown}.")
+    return _update(cfg, updates, state, params, outlier_channels)
 
-    def per_leaf(field):
-      flat = leaves_with_paths(field)
-      return [flat[p] for p in names]
+  return optax.GradientTransformationExtraArgs(lambda params: _init_state(cfg, params), update_fn)
 
-    fields = list(zip(per_leaf(state.d_q), per_leaf(state.d_w),
-                      per_leaf(state.index) if lean else [None] * len(names),
-                      per_leaf(state.num_active), per_leaf(state.num_risky),
-                      per_leaf(state.num_risky_last), per_leaf(state.num_reset)))
-    us = [u_leaves[p] for p in names]
-    ps = [p_leaves[p] for p in names]
-    rows = [leaf_fp4_rows(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
 
-    n = state.count
-    offset = n - start_step
-    phase = jnp.where(offset >= 0, offset % period, period)
-    in_window = (offset >= 0) & (phase <= window)  # the window's T updates and the reset update
-    starts, ends = phase == 0, phase == window
+def _init_state(cfg: _Config, params: Any) -> OsciResetState:
+  """Zero window sums and counters for the leaves `cfg.param_filter` tracks."""
+  leaves = leaves_with_paths(params)
+  tracked = {p: w for p, w in leaves.items() if cfg.param_filter(p, w)}
+  if not tracked and cfg.apply:  # a monitor may watch nothing (e.g. a model with no FP4 layer)
+    names = ", ".join(path_name(p) for p in list(leaves)[:8])
+    raise ValueError(f"osci_reset: param_filter matches no parameter (first paths: {names}); "
+                     f"the default tracks 2-D leaves named 'kernel' outside 'embed'/'lm_head'.")
+  for p, w in tracked.items():
+    if jnp.asarray(w).dtype != jnp.float32:
+      raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} has dtype {jnp.asarray(w).dtype}; "
+                       f"OsciReset needs float32 master weights to land on Q(w) exactly.")
+    if jnp.ndim(w) < 1:
+      raise ValueError(f"osci_reset: tracked parameter {path_name(p)!r} is a scalar; exclude it in param_filter.")
 
-    def window_step(operands):
-      us, fields = operands
-      out = [leaf_window_step(p, u, f, r[0], r[1], starts, ends)
-             for p, u, f, r in zip(ps, us, fields, rows)]
-      return [o[0] for o in out], [o[1] for o in out]
+  def acc(w):
+    shape = (cfg.num_tracked(w.size),) if cfg.lean else w.shape
+    return jnp.zeros(shape, jnp.float32)
 
-    new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))
-    u_leaves = dict(u_leaves)
-    u_leaves.update(zip(names, new_us))
-    new_updates = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(updates), list(u_leaves.values()))
-    column = lambda i: nest({p: f[i] for p, f in zip(names, new_fields)})
-    new_state = OsciResetState(
-        count=optax.safe_increment(n),
-        d_q=column(0), d_w=column(1), index=column(2) if lean else {},
-        num_active=column(3), num_risky=column(4), num_risky_last=column(5), num_reset=column(6))
-    return new_updates, new_state
+  zero = lambda w: jnp.zeros((), jnp.int32)
+  return OsciResetState(
+      count=jnp.zeros((), jnp.int32),
+      d_q=nest({p: acc(w) for p, w in tracked.items()}),
+      d_w=nest({p: acc(w) for p, w in tracked.items()}),
+      index=nest({p: jnp.zeros((cfg.num_tracked(w.size),), jnp.int32) for p, w in tracked.items()}) if cfg.lean else {},
+      num_active=nest({p: zero(w) for p, w in tracked.items()}),
+      num_risky=nest({p: zero(w) for p, w in tracked.items()}),
+      num_risky_last=nest({p: zero(w) for p, w in tracked.items()}),
+      num_reset=nest({p: zero(w) for p, w in tracked.items()}),
+  )
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+def _leaf_window_step(cfg: _Config, p, u, fields, row_active, rows, starts, ends):
+  """One window update (or the reset update after it, `ends`) of one leaf: (new update, new fields)."""
+  d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset = fields
+  q_of = cfg.quantizer if rows is None else (lambda w: cfg.quantizer(w, rows))
+  # Barriers keep XLA (CPU) from contracting a product feeding these adds into an FMA: the
+  # upstream update and Q(w) = (q * s_in) * s_out must be rounded to float32 before they are
+  # added or subtracted, or w_new, D_Q and the exact landing would not be float32 arithmetic.
+  p, u = jax.lax.optimization_barrier((p, u))
+  w_new = (p + u).astype(p.dtype)  # what optax.apply_updates will produce
+  q_prev, q_new = jax.lax.optimization_barrier((q_of(p), q_of(w_new)))
+  active = jnp.broadcast_to(row_active.reshape((-1,) + (1,) * (p.ndim - 1)), p.shape)
+  if cfg.lean:
+    def select(_):
+      dist = cfg.quantizer.edge_distance(p) if rows is None else cfg.quantizer.edge_distance(p, rows)
+      score = jnp.where(active, dist, jnp.inf).reshape(-1)
+      _, idx = jax.lax.top_k(-score, index.shape[0])
+      return jnp.sort(idx).astype(jnp.int32)  # sorted: gathers and scatters walk memory in order
+    index = jax.lax.cond(starts, select, lambda _: index, None)
+    pick = lambda x: x.reshape(-1)[index]
+    p_t, q_prev_t, q_new_t, w_new_t, active_t = map(pick, (p, q_prev, q_new, w_new, active))
+  else:
+    p_t, q_prev_t, q_new_t, w_new_t, active_t = p, q_prev, q_new, w_new, active
+  acc = active_t & ~ends  # the reset update adds nothing to the window's sums
+  d_q = jnp.where(starts, 0.0, d_q) + jnp.where(acc, jnp.abs(q_new_t - q_prev_t), 0.0)
+  d_w = jnp.where(starts, 0.0, d_w) + jnp.where(acc, jnp.abs(w_new_t - p_t), 0.0)
+  risk = jnp.where(d_w > 0, d_q / jnp.where(d_w > 0, d_w, 1.0), 0.0)
+  risky = active_t & (risk >= cfg.threshold)
+  if not cfg.apply:
+    reset = jnp.zeros_like(risky)  # monitor mode: the updates pass through unchanged
+  else:
+    step, exact = _exact_step(p_t, q_new_t)
+    reset = risky & exact & ends
+    if cfg.lean:
+      u_flat = u.reshape(-1)
+      u = u_flat.at[index].set(jnp.where(reset, step, u_flat[index]), unique_indices=True).reshape(u.shape)
+    else:
+      u = jnp.where(reset, step, u)
+  n_risky = jnp.sum(risky, dtype=jnp.int32)
+  n_risky_last = jnp.where(ends, n_risky, n_risky_last)
+  n_reset = jnp.where(ends, jnp.sum(reset, dtype=jnp.int32), n_reset)
+  n_active = jnp.sum(active, dtype=jnp.int32)
+  return u, (d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset)
+
+
+def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channels):
+  """OsciReset's update (see `osci_reset`): (new updates, new state)."""
+  u_leaves = leaves_with_paths(updates)
+  p_leaves = leaves_with_paths(params)
+  names = [tuple(p) for p in leaves_with_paths(state.d_q)]
+  for path in names:
+    if path not in p_leaves or path not in u_leaves:
+      raise ValueError(f"osci_reset: tracked parameter {path_name(path)!r} is missing from params/updates; "
+                       f"the tree changed since init.")
+  outliers: dict[Path, Any] = {}
+  if outlier_channels is not None:
+    outliers = outlier_leaves(outlier_channels)
+    unknown = [path_name(p) for p in outliers if p not in p_leaves]
+    if unknown:
+      raise ValueError(f"osci_reset: outlier_channels names paths that are not parameters: {unknown}.")
+
+  def per_leaf(field):
+    flat = leaves_with_paths(field)
+    return [flat[p] for p in names]
+
+  fields = list(zip(per_leaf(state.d_q), per_leaf(state.d_w),
+                    per_leaf(state.index) if cfg.lean else [None] * len(names),
+                    per_leaf(state.num_active), per_leaf(state.num_risky),
+                    per_leaf(state.num_risky_last), per_leaf(state.num_reset)))
+  us = [u_leaves[p] for p in names]
+  ps = [p_leaves[p] for p in names]
+  rows = [leaf_fp4_rows(p, tuple(jnp.shape(w)), outliers) for p, w in zip(names, ps)]
+
+  n = state.count
+  offset = n - cfg.start_step
+  phase = jnp.where(offset >= 0, offset % cfg.period, cfg.period)
+  in_window = (offset >= 0) & (phase <= cfg.window)  # the window's T updates and the reset update
+  starts, ends = phase == 0, phase == cfg.window
+
+  def window_step(operands):
+    us, fields = operands
+    out = [_leaf_window_step(cfg, p, u, f, r[0], r[1], starts, ends) for p, u, f, r in zip(ps, us, fields, rows)]
+    return [o[0] for o in out], [o[1] for o in out]
+
+  new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))
+  u_leaves = dict(u_leaves)
+  u_leaves.update(zip(names, new_us))
+  new_updates = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(updates), list(u_leaves.values()))
+  column = lambda i: nest({p: f[i] for p, f in zip(names, new_fields)})
+  new_state = OsciResetState(
+      count=optax.safe_increment(n),
+      d_q=column(0), d_w=column(1), index=column(2) if cfg.lean else {},
+      num_active=column(3), num_risky=column(4), num_risky_last=column(5), num_reset=column(6))
+  return new_updates, new_state
+
+
 
 
 def find_state(opt_state: Any, state_type: type) -> Any:

@@ -19,10 +19,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from tetrajet_jax.linear.linear import fp4_weight_values
+from tetrajet_jax.linear.layer import fp4_weight_values
 from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
 from tetrajet_jax.numerics.e2m1 import flush_subnormal
 from tetrajet_jax.numerics.scales import reciprocal_rn
+from tetrajet_jax.tree_paths import key_to_str
 
 Path = tuple[str, ...]
 ParamFilter = Callable[[Path, Any], bool]
@@ -107,19 +108,6 @@ def default_param_filter(path: Path, leaf: Any) -> bool:
   """
   return (getattr(leaf, "ndim", None) == 2 and len(path) > 0 and path[-1] == "kernel"
           and not any("embed" in k or "lm_head" in k for k in path))
-
-
-def key_to_str(k: Any) -> str:
-  """One jax key-path entry as a string (dict key, sequence index, attribute name)."""
-  if isinstance(k, jax.tree_util.DictKey):
-    return str(k.key)
-  if isinstance(k, jax.tree_util.SequenceKey):
-    return str(k.idx)
-  if isinstance(k, jax.tree_util.GetAttrKey):
-    return k.name
-  if isinstance(k, jax.tree_util.FlattenedIndexKey):
-    return str(k.key)
-  return str(k)
 
 
 def leaves_with_paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[Path, Any]:

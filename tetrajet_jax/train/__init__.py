@@ -5,8 +5,9 @@ from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.metrics import MetricsWriter, read_jsonl
 from tetrajet_jax.train.schedule import (CalibrationWindow, OsciResetScheduleError, OsciResetWindows, Schedule,
                                          default_lr_steps, scaled_calibration, scaled_osci_reset)
-from tetrajet_jax.train.trainer import (NonFiniteLossError, TrainConfig, TrainData, Trainer, TrainResult,
-                                        build_optimizer)
+from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
+from tetrajet_jax.train.optimizer import build_optimizer
+from tetrajet_jax.train.trainer import NonFiniteLossError, Trainer
 
 __all__ = [
     "ARMS", "Arm", "CalibrationWindow", "CheckpointError", "Checkpointer", "MetricsWriter", "NonFiniteLossError",

@@ -47,9 +47,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
+from tetrajet_jax.tree_paths import path_strs
+
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
-QUANT_BLOCK = 128  # NVFP4 outer block (spec 1); == model.configs.QUANT_BLOCK
 
 
 def parse_mesh(spec: str) -> dict[str, int]:
@@ -160,7 +162,7 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def check_block_aligned(shape: tuple[int, ...], spec: P, mesh: Mesh, *, axis: int = 0,
-                        block: int = QUANT_BLOCK, name: str = "array") -> None:
+                        block: int = OUTER_BLOCK, name: str = "array") -> None:
   """Raises if ``spec`` cuts ``axis`` (K of a quantized operand) inside a 1x``block`` block.
 
   For a kernel ``[K, N]`` the quantized axis of the forward (Q2) and of
@@ -180,16 +182,12 @@ def check_block_aligned(shape: tuple[int, ...], spec: P, mesh: Mesh, *, axis: in
         f"at most {max(fits)} shards ({fits}), or leave K unsplit.")
 
 
-def _names(path) -> tuple[str, ...]:
-  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
 def param_specs(params: Any, mesh: Mesh, quantized: Callable[[tuple[str, ...], Any], bool] | None = None
                 ) -> dict[tuple[str, ...], tuple[tuple[int, ...], P]]:
   """{path: (shape, spec)} of every parameter, validated (divisibility, whole K blocks)."""
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    names, shape = _names(path), tuple(np.shape(leaf))
+    names, shape = path_strs(path), tuple(np.shape(leaf))
     spec = param_spec(names, shape, mesh)
     if quantized is not None and quantized(names, leaf):
       check_block_aligned(shape, spec, mesh, axis=0, name=f"quantized kernel {'/'.join(names)}")
@@ -209,7 +207,7 @@ def state_shardings(state: dict[str, Any], mesh: Mesh,
   lengths = sorted({len(p) for p in specs}, reverse=True)
 
   def one(path, leaf):
-    names, shape = _names(path), tuple(np.shape(leaf))
+    names, shape = path_strs(path), tuple(np.shape(leaf))
     if names[:1] in (("params",), ("opt",)):
       for n in lengths:
         hit = specs.get(names[-n:]) if len(names) > n else None
@@ -260,14 +258,14 @@ def check_batch(batch_size: int, mesh: Mesh, *, seq_len: int | None = None, quan
     raise ValueError(f"{what}={batch_size} is not divisible by the {procs} processes; use a multiple of {procs}.")
   if quantized and seq_len is not None:
     per_device = batch_size // n * seq_len
-    if per_device % QUANT_BLOCK:
-      step = n * QUANT_BLOCK // math.gcd(seq_len, QUANT_BLOCK)
+    if per_device % OUTER_BLOCK:
+      step = n * OUTER_BLOCK // math.gcd(seq_len, OUTER_BLOCK)
       raise ValueError(
           f"{what}={batch_size} x seq_len={seq_len} over the {n} batch shards of mesh {mesh_str(mesh)} "
           f"leaves {batch_size // n} x {seq_len} = {per_device} tokens per device, not a multiple of "
-          f"{QUANT_BLOCK}: the weight-gradient quantizers (Q5 on dY^T, Q6 on X_hat^T) quantize along "
-          f"tokens in 1x{QUANT_BLOCK} blocks, so a block would span two devices. Use {what} a multiple "
-          f"of {step}, or seq_len a multiple of {QUANT_BLOCK}.")
+          f"{OUTER_BLOCK}: the weight-gradient quantizers (Q5 on dY^T, Q6 on X_hat^T) quantize along "
+          f"tokens in 1x{OUTER_BLOCK} blocks, so a block would span two devices. Use {what} a multiple "
+          f"of {step}, or seq_len a multiple of {OUTER_BLOCK}.")
 
 
 def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

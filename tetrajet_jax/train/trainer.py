@@ -1,5 +1,8 @@
 """Pretraining loop: one jitted, donated train step per batch, orbax checkpoints.
 
+The run's pieces live beside it: `config` (TrainConfig, TrainData),
+`optimizer`, `step` (the compiled functions), `outcontrol` (phases).
+
 Typical use (the ablation runner does exactly this per arm)::
 
     cfg = TrainConfig(model="tiny", arm="tetrajet_v2_full", batch_size=8, seq_len=128,
@@ -46,247 +49,42 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
-from tetrajet_jax.evaluation.perplexity import batch_stats, padded_token_bytes, summarize_perplexity
-from tetrajet_jax.model.configs import QUANT_BLOCK, ModelConfig, get_config
-from tetrajet_jax.model.olmo2 import OLMo2, lm_loss
-from tetrajet_jax.optim import osci_reset, osci_reset_metrics
+from tetrajet_jax.evaluation.perplexity import padded_token_bytes, summarize_perplexity
+from tetrajet_jax.model.configs import ModelConfig, get_config
+from tetrajet_jax.model.olmo2 import OLMo2
+from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
-from tetrajet_jax.train.arms import Arm, get_arm
+from tetrajet_jax.train import step as step_lib
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
-from tetrajet_jax.train.osci_monitor import find_monitor_state, osci_monitor
+from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
-from tetrajet_jax.train.schedule import (OSCI_PERIOD, OSCI_WINDOW, CalibrationWindow, OsciResetWindows, Schedule,
-                                         default_lr_steps, scaled_calibration, scaled_osci_reset)
+from tetrajet_jax.train.optimizer import build_optimizer, monitors_oscillation
 
-
-_STEP_FNS: dict[Any, Callable] = {}
-_EVAL_FNS: dict[Any, Callable] = {}
+__all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer",
+           "inject_nan"]
 
 
 class NonFiniteLossError(RuntimeError):
   """The loss, gradient norm or parameter norm became NaN/Inf."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-  """Everything that determines a run's numbers (and what only affects logging).
+def layer_backend(backend: str, mesh: jax.sharding.Mesh) -> str:
+  """The backend the model's linears run: "auto" means XLA on a mesh of several
+  devices (the Pallas kernels are custom calls XLA does not partition).
 
-  Attributes:
-    model: model config name (`tetrajet_jax.model.CONFIGS`).
-    arm: ablation arm (`tetrajet_jax.train.arms.ARMS`).
-    batch_size: sequences per step (global).
-    seq_len: tokens per sequence.
-    total_steps: optimizer steps; the LR schedule ends here.
-    warmup_steps: linear warmup; default 2% of t_max (`schedule.default_lr_steps`).
-    t_max_steps: where the cosine reaches the floor (then flat to the end);
-      default 95.3% of total_steps (the paper's 70M ratio).
-    peak_lr: default: the model config's ``peak_lr``.
-    final_lr_ratio: the LR floor (at t_max and after) as a fraction of peak (spec: 0.1).
-    weight_decay, b1, b2, eps, clip_norm: AdamW and clipping (spec 6).
-    seed: model init and quantization key streams.
-    data_seed: shuffle seed of the training windows.
-    osci_start, osci_period, osci_window, osci_threshold: OsciReset
-      placement; ``None`` = the reference T = 50, P = 200 with S scaled to
-      the schedule (`schedule.scaled_osci_reset`, which refuses a run with
-      room for fewer than 3 resets unless period or window is given).
-    calib_start, calib_steps: OutControl calibration window; ``None`` = scaled.
-    layers: override the model config's number of blocks (quick experiments).
-    monitor_oscillation: quantized arms without OsciReset measure the
-      oscillating fraction on OsciReset's windows (`osci_monitor`).
-    gemm: QuantLinear GEMM mode.
-    scan_blocks: run identical blocks as one lax.scan (`OLMo2`; compiles
-      one block graph instead of one per block); None: scan on the CPU,
-      unroll on GPUs (`default_scan_blocks`).
-    attention: ``"xla"`` or ``"cudnn"``.
-    eval_every: periodic validation every N steps (0: only when asked).
-    eval_batches: batches per periodic validation.
-    checkpoint_every: save every N steps (0: only at the end and on signals).
-    keep_checkpoints: how many checkpoints to keep.
-    mesh_data: devices on the mesh's ``data`` axis; None = all devices not
-      on ``fsdp``.
-    mesh_fsdp: devices on the ``fsdp`` axis (parameters and optimizer state
-      are split over it; `tetrajet_jax.train.sharding`).
+  Raises:
+    ValueError: backend "pallas" on a mesh of several devices.
   """
-
-  model: str
-  arm: str
-  batch_size: int
-  seq_len: int
-  total_steps: int
-  warmup_steps: int | None = None
-  t_max_steps: int | None = None
-  peak_lr: float | None = None
-  final_lr_ratio: float = 0.1
-  weight_decay: float = 0.1
-  b1: float = 0.9
-  b2: float = 0.95
-  eps: float = 1e-8
-  clip_norm: float = 1.0
-  seed: int = 0
-  data_seed: int = 0
-  osci_start: int | None = None
-  osci_period: int | None = None
-  osci_window: int | None = None
-  osci_threshold: float = 8.0
-  calib_start: int | None = None
-  calib_steps: int | None = None
-  gemm: str = "fast"
-  attention: str = "xla"
-  eval_every: int = 0
-  eval_batches: int = 4
-  checkpoint_every: int = 0
-  keep_checkpoints: int = 2
-  layers: int | None = None
-  monitor_oscillation: bool = True
-  mesh_data: int | None = None
-  mesh_fsdp: int = 1
-  scan_blocks: bool | None = None
-
-  # Fields that do not change a single number of the run; a checkpoint may be
-  # resumed with other values.
-  LOGGING_FIELDS = ("eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
-  # Where and how the run is placed: changes numbers only by float reduction
-  # order (tests/test_distributed.py; scanned vs unrolled blocks:
-  # tests/test_model.py), so a checkpoint restores onto any mesh and layout.
-  PLACEMENT_FIELDS = ("mesh_data", "mesh_fsdp", "scan_blocks")
-
-  def __post_init__(self):
-    get_config(self.model)  # unknown names list the valid ones
-    arm = get_arm(self.arm)
-    if self.batch_size < 1 or self.seq_len < 1:
-      raise ValueError(f"batch_size={self.batch_size} and seq_len={self.seq_len} must be >= 1.")
-    tokens = self.batch_size * self.seq_len
-    if arm.quantized and tokens % QUANT_BLOCK:
-      raise ValueError(
-          f"arm {self.arm!r}: batch_size x seq_len = {self.batch_size} x {self.seq_len} = {tokens} tokens "
-          f"per step is not a multiple of {QUANT_BLOCK}; the weight-gradient quantizers (Q5/Q6) "
-          f"quantize along tokens in 1x{QUANT_BLOCK} blocks. Use e.g. seq_len a multiple of {QUANT_BLOCK}.")
-    warmup, t_max = default_lr_steps(self.total_steps, self.warmup_steps, self.t_max_steps)
-    object.__setattr__(self, "warmup_steps", warmup)
-    object.__setattr__(self, "t_max_steps", t_max)
-    if self.peak_lr is None:
-      object.__setattr__(self, "peak_lr", get_config(self.model).peak_lr)
-    self.schedule  # pylint: disable=pointless-statement  (validates steps and LR)
-    if self.layers is not None and self.layers < 1:
-      raise ValueError(f"layers={self.layers} must be >= 1 (or None for the config's).")
-    if arm.oscireset:  # measure-only monitoring just records nothing if its windows do not fit
-      w = self.osci_windows
-      if w.start_step + w.window > self.total_steps:
-        raise ValueError(f"OsciReset's first window [{w.start_step}, {w.start_step + w.window}) ends "
-                         f"after the run's {self.total_steps} steps; lower --osci-start or train longer.")
-    if arm.outcontrol:
-      self.calibration  # pylint: disable=pointless-statement
-    for name in ("eval_every", "checkpoint_every"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0 disables).")
-    if self.mesh_fsdp < 1 or (self.mesh_data is not None and self.mesh_data < 1 and self.mesh_data != -1):
-      raise ValueError(f"mesh data={self.mesh_data}, fsdp={self.mesh_fsdp}: sizes must be >= 1 "
-                       "(data None or -1: all remaining devices).")
-
-  @property
-  def arm_spec(self) -> Arm:
-    return get_arm(self.arm)
-
-  @property
-  def tokens_per_step(self) -> int:
-    return self.batch_size * self.seq_len
-
-  @property
-  def schedule(self) -> Schedule:
-    return Schedule(total_steps=self.total_steps, warmup_steps=self.warmup_steps, peak_lr=self.peak_lr,
-                    final_ratio=self.final_lr_ratio, t_max_steps=self.t_max_steps)
-
-  @property
-  def osci_windows(self) -> OsciResetWindows:
-    # Measure-only monitoring (arms without OsciReset) never refuses a short run.
-    if not self.arm_spec.oscireset and self.osci_period is None and self.osci_window is None:
-      return scaled_osci_reset(self.schedule, threshold=self.osci_threshold, start=self.osci_start,
-                               period=OSCI_PERIOD, window=OSCI_WINDOW)
-    return scaled_osci_reset(self.schedule, threshold=self.osci_threshold, start=self.osci_start,
-                             period=self.osci_period, window=self.osci_window)
-
-  @property
-  def calibration(self) -> CalibrationWindow:
-    if self.calib_start is None and self.calib_steps is None:
-      return scaled_calibration(self.schedule)
-    scaled = scaled_calibration(self.schedule)
-    return CalibrationWindow(start=scaled.start if self.calib_start is None else self.calib_start,
-                             length=scaled.length if self.calib_steps is None else self.calib_steps)
-
-  def run_identity(self) -> dict[str, Any]:
-    """The fields a checkpoint must match to be resumed (logging fields excluded)."""
-    d = dataclasses.asdict(self)
-    for k in self.LOGGING_FIELDS + self.PLACEMENT_FIELDS:
-      d.pop(k)
-    return d
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainData:
-  """Token streams and tokenizer facts the trainer needs.
-
-  Attributes:
-    train_tokens: the train split (``.npy`` path or 1-D array).
-    val_tokens: the validation split.
-    vocab_size: tokenizer vocabulary.
-    pad_id: id used to pad validation windows (weight 0).
-    token_bytes: UTF-8 bytes per id (for bits per byte), or None.
-    name: tokenizer / data name (recorded in checkpoints).
-  """
-
-  train_tokens: Any
-  val_tokens: Any
-  vocab_size: int
-  pad_id: int = 0
-  token_bytes: np.ndarray | None = None
-  name: str = ""
-
-  @classmethod
-  def from_located(cls, paths) -> "TrainData":
-    """From `tetrajet_jax.data.locate_data(...)`'s result."""
-    tok = paths.tokenizer()
-    return cls(train_tokens=paths.split_path("train"), val_tokens=paths.split_path("val"),
-               vocab_size=paths.vocab_size, pad_id=tok.pad_id, token_bytes=tok.token_byte_lengths(),
-               name=paths.root.name)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainResult:
-  status: str  # "completed" | "interrupted" | "paused" (num_steps reached before the end)
-  step: int
-  last_metrics: dict[str, float]
-
-
-def _decay_mask(params: Any) -> Any:
-  """Weight decay on every matrix, norm weight and bias, not on the embedding (spec 6; the
-  reference configs' decay_norm_and_bias)."""
-  def decays(path, leaf):
-    del leaf
-    names = [str(getattr(k, "key", k)) for k in path]
-    return not any("embed" in n for n in names)
-  return jax.tree_util.tree_map_with_path(decays, params)
-
-
-def build_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
-                    ) -> optax.GradientTransformationExtraArgs:
-  """clip(1.0) -> AdamW(schedule) [-> OsciReset] over a pure param dict."""
-  parts = [optax.clip_by_global_norm(config.clip_norm),
-           optax.adamw(config.schedule.lr, b1=config.b1, b2=config.b2, eps=config.eps,
-                       weight_decay=config.weight_decay, mask=_decay_mask)]
-  w = config.osci_windows
-  if config.arm_spec.oscireset:
-    parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
-                            threshold=w.threshold, param_filter=param_filter))
-  elif config.arm_spec.quantized and config.monitor_oscillation and param_filter is not None:
-    # Same windows, measure only: the "without OsciReset" curve of the oscillation plot.
-    parts.append(osci_monitor(start_step=w.start_step, period=w.period, window=w.window,
-                              threshold=w.threshold, param_filter=param_filter))
-  return optax.chain(*parts)
+  if mesh.devices.size == 1:
+    return backend
+  if backend == "pallas":
+    raise ValueError(f"backend='pallas' on a mesh of {mesh.devices.size} devices: the Pallas kernels are custom "
+                     "calls that XLA does not partition. Use backend 'auto' or 'xla' (XLA on a mesh).")
+  return "xla" if backend == "auto" else backend
 
 
 class Trainer:
@@ -323,21 +121,7 @@ class Trainer:
         base.with_vocab(data.vocab_size), attention=config.attention,
         num_layers=base.num_layers if config.layers is None else config.layers)
 
-    model = OLMo2(self.model_config, recipe=self.arm.recipe, rngs=nnx.Rngs(config.seed), gemm=config.gemm,
-                  scan_blocks=config.scan_blocks)
-    self._param_filter = qnn.quantized_kernel_filter(model)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    self._graphdef = graphdef
-    self._phase = "fp4"
-    self.tx = build_optimizer(config, param_filter=self._param_filter)
-    params = nnx.to_pure_dict(params)
-    state = {"params": params, "model": nnx.to_pure_dict(rest), "opt": self.tx.init(params),
-             "step": jnp.zeros((), jnp.int32)}
-    self._state_shardings = sharding_lib.state_shardings(state, self.mesh, self._param_filter)
-    self._batch_sharding = sharding_lib.batch_sharding(self.mesh)
-    self.state = jax.device_put(state, self._state_shardings)
-    self.step = 0
-
+    self._init_state()
     # grain sharded by process: each process reads its windows and its rows of every batch.
     self._train_ds = make_train_dataset(data.train_tokens, seq_len=config.seq_len,
                                         batch_size=config.batch_size // jax.process_count(),
@@ -354,29 +138,52 @@ class Trainer:
     self._t_train = time.perf_counter()  # reset by train()
     self._stop_signal: str | None = None
     if self.workdir is not None:
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      # data_shards: the grain iterator state is per process, so the process count must match.
-      meta = {"train": config.run_identity(), "model": dataclasses.asdict(self.model_config),
-              "data": data.name, "data_shards": jax.process_count()}
-      self.checkpointer = Checkpointer(self.workdir / "checkpoints", meta=meta,
-                                       keep=config.keep_checkpoints, async_save=async_checkpoints,
-                                       meta_defaults={"data_shards": 1})
-      latest = self.checkpointer.latest_step()
-      if latest is not None and not resume:
-        raise CheckpointError(f"{self.workdir / 'checkpoints'} already holds checkpoint step {latest}; "
-                              "pass resume=True (--resume) to continue it, or use another output folder.")
-      if resume and latest is not None:
-        self._restore(latest)
-      elif resume and any(p.is_dir() for p in (self.workdir / "checkpoints").iterdir()):
-        raise CheckpointError(f"{self.workdir / 'checkpoints'} has no complete checkpoint but is not "
-                              f"empty ({sorted(p.name for p in (self.workdir / 'checkpoints').iterdir())});"
-                              " refusing to start fresh over it. Inspect or delete it.")
-      if self.is_main:
-        (self.workdir / "config.json").write_text(json.dumps(
-            {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
-             "data": data.name, "derived": self.derived()}, indent=2) + "\n", encoding="utf-8")
-        truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
-        self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
+      self._init_workdir(resume, tensorboard=tensorboard, async_checkpoints=async_checkpoints)
+
+  def _init_state(self) -> None:
+    """The model (block linears converted by the arm), optimizer and placed state."""
+    config = self.config
+    model = OLMo2(self.model_config, rngs=nnx.Rngs(config.seed), scan_blocks=config.scan_blocks)
+    self.arm.quantize(model, backend=layer_backend(config.backend, self.mesh))
+    self._param_filter = qnn.quantized_kernel_filter(model)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    self._graphdef = graphdef
+    self._phase = "fp4"
+    self.tx = build_optimizer(config, param_filter=self._param_filter)
+    params = nnx.to_pure_dict(params)
+    state = {"params": params, "model": nnx.to_pure_dict(rest), "opt": self.tx.init(params),
+             "step": jnp.zeros((), jnp.int32)}
+    self._state_shardings = sharding_lib.state_shardings(state, self.mesh, self._param_filter)
+    self._batch_sharding = sharding_lib.batch_sharding(self.mesh)
+    self.state = jax.device_put(state, self._state_shardings)
+    self.step = 0
+
+  def _init_workdir(self, resume: bool, *, tensorboard: bool, async_checkpoints: bool) -> None:
+    """Checkpointer (restoring when resuming), config.json and the metrics writer."""
+    config, data = self.config, self.data
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    # data_shards: the grain iterator state is per process, so the process count must match.
+    meta = {"train": config.run_identity(), "model": dataclasses.asdict(self.model_config),
+            "data": data.name, "data_shards": jax.process_count()}
+    self.checkpointer = Checkpointer(self.workdir / "checkpoints", meta=meta,
+                                     keep=config.keep_checkpoints, async_save=async_checkpoints,
+                                     meta_defaults={"data_shards": 1})
+    latest = self.checkpointer.latest_step()
+    if latest is not None and not resume:
+      raise CheckpointError(f"{self.workdir / 'checkpoints'} already holds checkpoint step {latest}; "
+                            "pass resume=True (--resume) to continue it, or use another output folder.")
+    if resume and latest is not None:
+      self._restore(latest)
+    elif resume and any(p.is_dir() for p in (self.workdir / "checkpoints").iterdir()):
+      raise CheckpointError(f"{self.workdir / 'checkpoints'} has no complete checkpoint but is not "
+                            f"empty ({sorted(p.name for p in (self.workdir / 'checkpoints').iterdir())});"
+                            " refusing to start fresh over it. Inspect or delete it.")
+    if self.is_main:
+      (self.workdir / "config.json").write_text(json.dumps(
+          {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
+           "data": data.name, "derived": self.derived()}, indent=2) + "\n", encoding="utf-8")
+      truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
+      self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
 
   # ---- state and phases ------------------------------------------------------------------
 
@@ -385,7 +192,7 @@ class Trainer:
     out: dict[str, Any] = {"tokens_per_step": self.config.tokens_per_step,
                            "total_tokens": self.config.tokens_per_step * self.config.total_steps,
                            "param_counts": self.model_config.param_counts(),
-                           "bf16_blocks": sorted(self.model_config.bf16_blocks(self.arm.recipe)),
+                           "bf16_blocks": sorted(self.arm.bf16_blocks(self.model_config.num_layers)),
                            "mesh": dict(self.mesh.shape), "processes": jax.process_count()}
     if self.arm.oscireset:
       out["osci_reset"] = dataclasses.asdict(self.config.osci_windows)
@@ -399,7 +206,7 @@ class Trainer:
     return nnx.merge(self._graphdef, self.state["params"], self.state["model"])
 
   def _phase_for_update(self, step: int) -> str:
-    return self.config.calibration.phase(step) if self.arm.outcontrol else "fp4"
+    return outcontrol.phase_for_update(self.config, step)
 
   def _ensure_phase(self, step: int) -> None:
     """Moves the OutControl phase to the one in force for update ``step``."""
@@ -407,10 +214,7 @@ class Trainer:
     if want == self._phase:
       return
     model = self.model()
-    if want == "frozen" and self._phase == "calibrate":
-      qnn.freeze_outlier_channels(model)  # top-p channels from the accumulated statistics
-    else:
-      qnn.set_outcontrol_phase(model, want)
+    outcontrol.enter_phase(model, self._phase, want)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self.state = {**self.state, "model": jax.device_put(nnx.to_pure_dict(rest), self._state_shardings["model"])}
@@ -432,59 +236,20 @@ class Trainer:
 
   def _phase_graphdef(self, phase: str) -> nnx.GraphDef:
     """The model's graph with OutControl ``phase`` set (a static flag: it selects the compiled graphs)."""
-    model = self.model()
-    qnn.set_outcontrol_phase(model, phase)
-    return nnx.graphdef(model)
+    return outcontrol.phase_graphdef(self.model(), phase)
 
   # ---- compiled functions ----------------------------------------------------------------
 
-  def _make_step(self) -> Callable:
-    graphdef, tx, cfg, mesh = self._graphdef, self.tx, self.config, self.mesh
-    z_loss, schedule, oscireset = self.model_config.z_loss, cfg.schedule, self.arm.oscireset
-    monitored = not oscireset and self.arm.quantized and cfg.monitor_oscillation
-    param_shardings = self._state_shardings["params"]
-
-    def train_step(state, batch):
-      params, model_vars = state["params"], state["model"]
-
-      def loss_of(p):
-        model = nnx.merge(graphdef, sharding_lib.gather_for_compute(p, mesh), model_vars)
-        logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
-        loss, aux = lm_loss(logits, batch["targets"], z_loss=z_loss)
-        return loss, (aux, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
-
-      (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-      grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
-      extra = {}
-      if oscireset or monitored:
-        extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
-      updates, opt = tx.update(grads, state["opt"], params, **extra)
-      new_params = optax.apply_updates(params, updates)
-      metrics = {"train/loss": loss, "train/ce": aux["ce"], "train/z_loss": aux["z_loss"],
-                 "train/grad_norm": optax.tree.norm(grads),
-                 "train/param_norm": optax.tree.norm(new_params),
-                 "train/lr": schedule.lr(state["step"])}
-      if oscireset:
-        metrics.update(osci_reset_metrics(opt))
-      elif monitored:
-        metrics["osci/risk_frac"] = find_monitor_state(opt).risk_frac
-      return {"params": new_params, "model": new_vars, "opt": opt, "step": state["step"] + 1}, metrics
-
-    return jax.jit(train_step, in_shardings=(self._state_shardings, self._batch_sharding),
-                   out_shardings=(self._state_shardings, sharding_lib.replicated(self.mesh)),
-                   donate_argnums=0)
-
-  def _cache_key(self) -> tuple:
-    return (self._graphdef, json.dumps(self.config.run_identity(), sort_keys=True), self.mesh,
-            jax.tree.structure(self.state))
+  def _compiled(self, kind: str, build: Callable[[], Callable]) -> Callable:
+    key = (kind, self._graphdef, self.config.identity_key(), self.mesh, jax.tree.structure(self.state))
+    return step_lib.COMPILED.get(key, build)
 
   def _step_fn(self) -> Callable:
-    # Shared across Trainer instances of the same run (resume, tests): the
-    # function is fully determined by the key, so recompiling would be waste.
-    key = self._cache_key()
-    if key not in _STEP_FNS:
-      _STEP_FNS[key] = self._make_step()
-    return _STEP_FNS[key]
+    cfg = self.config
+    return self._compiled("train", lambda: step_lib.jit_train_step(
+        self._state_shardings, self._batch_sharding, self.mesh, graphdef=self._graphdef, tx=self.tx,
+        z_loss=self.model_config.z_loss, schedule=cfg.schedule, oscireset=self.arm.oscireset,
+        monitored=monitors_oscillation(cfg)))
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = ()) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
@@ -544,34 +309,12 @@ class Trainer:
 
   def _logits_jit(self) -> Callable:
     """Jitted ``(params, model vars, tokens) -> logits``, all replicated but FSDP-split parameters."""
-    key = ("logits", self._graphdef, self.mesh, jax.tree.structure(self.state))
-    if key not in _EVAL_FNS:
-      graphdef, mesh = self._graphdef, self.mesh
-      rep = sharding_lib.replicated(mesh)
-      _EVAL_FNS[key] = jax.jit(
-          lambda params, model_vars, tokens: nnx.merge(
-              graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)(tokens),
-          in_shardings=(self._state_shardings["params"], self._state_shardings["model"], rep),
-          out_shardings=rep)
-    return _EVAL_FNS[key]
+    return self._compiled("logits", lambda: step_lib.jit_logits(self._state_shardings, self.mesh, self._graphdef))
 
   def _eval_fn(self) -> Callable:
     """Jitted ``(params, model vars, batch, token bytes) -> (nll sum, tokens, bytes)``, batch split like training."""
-    key = ("eval", self._graphdef, self.mesh, jax.tree.structure(self.state))
-    if key not in _EVAL_FNS:
-      graphdef, mesh = self._graphdef, self.mesh
-      rep = sharding_lib.replicated(mesh)
-
-      def stats(params, model_vars, batch, token_bytes):
-        model = nnx.merge(graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)
-        logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
-        return batch_stats(logits, batch["targets"], batch["weights"], token_bytes)
-
-      _EVAL_FNS[key] = jax.jit(
-          stats, in_shardings=(self._state_shardings["params"], self._state_shardings["model"],
-                               self._batch_sharding, rep),
-          out_shardings=rep)
-    return _EVAL_FNS[key]
+    return self._compiled("eval", lambda: step_lib.jit_eval_stats(
+        self._state_shardings, self._batch_sharding, self.mesh, self._graphdef))
 
   def _val_inputs(self, batch_size: int):
     """(this process's validation batches, replicated token byte lengths)."""

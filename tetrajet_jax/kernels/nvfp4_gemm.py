@@ -30,10 +30,11 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels import _platform
+from tetrajet_jax.kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, dequantize_nvfp4_canonical, nvfp4_bf16_operand
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
-CHUNK_K = 128  # one FP32 outer block along K: the promotion interval
+CHUNK_K = OUTER_BLOCK  # one FP32 outer block along K: the promotion interval
 _SMEM_BYTES = 227 * 1024
 
 

@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark scripts (never by tests).
+"""Timing helpers shared by the benchmarks.
 
 Device work is asynchronous: every sample blocks on the outputs; compilation
 and first-call effects are excluded by warm-up calls; calls are timed inside
@@ -43,7 +43,7 @@ def compile_loops(jobs: list, workers: int = 8) -> list:
   Returns, per job, the compiled loop (pass it to `time_fn(..., loop=)`) or the
   exception its tracing or compilation raised. Why threads: a benchmark's
   compiles (XLA's, and Mosaic GPU's kernels inside them) take tens of seconds
-  each on the device host, where device time is counted, and XLA compiles
+  each on the GPU host, and XLA compiles
   outside the GIL: ten quantizer loops compiled in 68 s on the H200 host,
   about 2.6x faster than one by one (docs/notes/kernels.md). One large
   program still compiles at its own pace. `args` may be ShapeDtypeStructs.

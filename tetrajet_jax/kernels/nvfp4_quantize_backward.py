@@ -54,8 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels import _platform
-from pallas_kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, store_packed_tile,
+from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, store_packed_tile,
                                            store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
@@ -160,7 +160,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       `_platform.k_splits`). Results do not depend on it: the random bits
       are a function of the canonical element position.
     interpret: run on the CPU in Mosaic GPU's interpreter.
-    _division, _math: timing only (pallas_kernels.bench's attribution rows),
+    _division, _math: timing only (experiments.bench's attribution rows),
       results NOT the reference's: _division="hardware" divides each element
       by its scale with the plain x / s (scales stay exact); _math="none"
       keeps grid, TMA pipeline and stores but skips the transform and all

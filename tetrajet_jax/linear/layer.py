@@ -28,6 +28,7 @@ copy; W is re-quantized from the master weight in the backward.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -37,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tetrajet_jax.linear import recipes as recipes_lib
-from tetrajet_jax.linear.gemm import (GemmMode, check_gemm_mode, gemm_nt, pallas_rht_sr_quantize,
-                                      pallas_rtn_quantize)
+from tetrajet_jax.linear import gemm as gemm_lib
+from tetrajet_jax.linear.gemm import gemm_nt, rht_sr_quantize, rtn_quantize
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
@@ -67,14 +68,14 @@ def _split_keys(key: jax.Array, recipe: Recipe) -> _Keys:
 
 
 def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, weight: bool = False,
-              gemm: GemmMode = "fast") -> NVFP4Tensor | jax.Array:
+              backend: gemm_lib.Backend = "xla") -> NVFP4Tensor | jax.Array:
   """Applies quantizer Q(i) along `axis`; a disabled quantizer returns x (float32)."""
   cfg = recipe.quantizers[i - 1]
   if not cfg.enabled:
     return jnp.moveaxis(x.astype(jnp.float32), axis, -1)  # same canonical layout
   block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
-  if gemm == "pallas" and cfg.rounding == "nearest" and block_1d and x.ndim == 2:
-    fused = pallas_rtn_quantize(x if axis in (-1, 1) else x.T)
+  if cfg.rounding == "nearest" and block_1d and x.ndim == 2:
+    fused = rtn_quantize(x if axis in (-1, 1) else x.T, backend)
     if fused is not None:
       return fused  # bitwise equal to quantize_nvfp4(x, axis=axis) in canonical layout
   return quantize_nvfp4(
@@ -83,18 +84,18 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
 
 
 def _quantize_rht(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, rht_key: jax.Array, rht: bool, *,
-                  axis: int, weight: bool = False, gemm: GemmMode = "fast") -> NVFP4Tensor | jax.Array:
-  """Q(i)(RHT(x)) along `axis` (RHT only if `rht`): with gemm="pallas", the
-  fused kernel does transform, scales and stochastic rounding in one pass
-  where it runs; elsewhere the XLA transform then quantize_nvfp4."""
+                  axis: int, weight: bool = False, backend: gemm_lib.Backend = "xla") -> NVFP4Tensor | jax.Array:
+  """Q(i)(RHT(x)) along `axis` (RHT only if `rht`): where the backend runs
+  it, the fused kernel does transform, scales and stochastic rounding in one
+  pass; elsewhere the XLA transform then quantize_nvfp4."""
   cfg = recipe.quantizers[i - 1]
   block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
-  if gemm == "pallas" and rht and cfg.enabled and cfg.rounding == "stochastic" and block_1d and x.ndim == 2:
-    fused = pallas_rht_sr_quantize(x, rht_key, keys.q[i - 1], axis=axis)
+  if rht and cfg.enabled and cfg.rounding == "stochastic" and block_1d and x.ndim == 2:
+    fused = rht_sr_quantize(x, rht_key, keys.q[i - 1], axis=axis, backend=backend)
     if fused is not None:
       return fused
   return _quantize(_rht(x.astype(jnp.float32), rht_key, rht, axis), i, recipe, keys, axis=axis, weight=weight,
-                   gemm=gemm)
+                   backend=backend)
 
 
 def _values(op: NVFP4Tensor | jax.Array) -> jax.Array:
@@ -204,11 +205,11 @@ def fp4_weight_values(kernel: jax.typing.ArrayLike, fp4_idx: jax.typing.ArrayLik
   return jnp.zeros(kernel.shape, jnp.float32).at[fp4_idx].set(vals)
 
 
-def _fp4_weight(kernel: jax.Array, fp4_idx, recipe: Recipe, keys: _Keys, gemm: GemmMode = "fast"):
+def _fp4_weight(kernel: jax.Array, fp4_idx, recipe: Recipe, keys: _Keys):
   """Q2 of the FP4 rows kernel[fp4_idx] (all rows if None) along K: the one
   weight quantization of the forward, W_hat and OsciReset."""
   w = kernel if fp4_idx is None else kernel[fp4_idx]
-  return _quantize(w, 2, recipe, keys, axis=0, weight=True, gemm=gemm)
+  return _quantize(w, 2, recipe, keys, axis=0, weight=True, backend=recipe.backend)
 
 
 class _Residuals(NamedTuple):
@@ -234,7 +235,8 @@ def _as_rounded(a: jax.Array) -> jax.Array:
   return lax.optimization_barrier(a) if jnp.dtype(a.dtype).itemsize < 4 else a
 
 
-def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe, gemm: GemmMode):
+def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe):
+  backend = recipe.backend
   x = _as_rounded(x)
   keys = _split_keys(key, recipe)
   if split is None:
@@ -242,26 +244,27 @@ def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe, gemm: G
   else:
     x_fp4 = x[:, split.fp4]  # K' = K - n channels in the FP4 order; quantizers zero-pad K' to 128
     x_out = quantize_mxfp8(x[:, split.outlier], axis=-1)
-  xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, gemm=gemm)  # [M, K'] along K
-  wq = _fp4_weight(kernel, None if split is None else split.fp4, recipe, keys, gemm)  # [N, K'] along K
-  y = gemm_nt(xq, wq, mode=gemm, out_dtype=jnp.float32)
+  xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, backend=backend)  # [M, K'] along K
+  wq = _fp4_weight(kernel, None if split is None else split.fp4, recipe, keys)  # [N, K'] along K
+  y = gemm_nt(xq, wq, backend=backend, out_dtype=jnp.float32)
   if x_out is not None:
     w_out = quantize_mxfp8(kernel[split.outlier], axis=0)  # [N, n_out] along K
-    y = y + gemm_nt(x_out, w_out, mode=gemm, out_dtype=jnp.float32)
+    y = y + gemm_nt(x_out, w_out, backend=backend, out_dtype=jnp.float32)
   q6_pre = None
   if not recipe.aligned_backward:
     # Non-aligned (NVIDIA): Q6 quantizes the high-precision X; doing it now
     # means the residual is 4.5-bit X^T instead of a bf16 copy of X.
-    q6_pre = _wgrad_x_operand(x_fp4, recipe, keys, gemm)
+    q6_pre = _wgrad_x_operand(x_fp4, recipe, keys)
   res = _Residuals(x_fwd=xq if recipe.aligned_backward else None, x_out=x_out, q6_pre=q6_pre,
                    kernel=kernel, key=key, split=split, x_dtype=jnp.zeros((0,), x.dtype))
   return y.astype(recipe.out_dtype), res
 
 
-def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys, gemm: GemmMode):
+def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
   """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw."""
   xp = pad_axis_to_multiple(x_src.astype(jnp.float32), 0, OUTER_BLOCK)  # [Mp, K']
-  return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)  # canonical [K', Mp]
+  return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0,
+                       backend=recipe.backend)  # canonical [K', Mp]
 
 
 def _w_hat(kernel: jax.Array, split: ChannelSplit | None, recipe: Recipe, keys: _Keys) -> jax.Array:
@@ -284,58 +287,64 @@ class _BackwardOperands(NamedTuple):
   b6: Any  # Q6(H X^T)     [K', Mp] along tokens
 
 
-def _backward_operands(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy) -> _BackwardOperands:
+def _backward_operands(recipe: Recipe, res: _Residuals, dy) -> _BackwardOperands:
   """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect)."""
   keys = _split_keys(res.key, recipe)
+  backend = recipe.backend
   # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
   # XLA path widens it to float32 (exact).
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
   w_src = _w_hat(res.kernel, res.split, recipe, keys) if recipe.aligned_backward else res.kernel
-  a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, gemm=gemm)
-  b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True, gemm=gemm)
+  a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, backend=backend)
+  b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True,
+                     backend=backend)
   # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
   dyp = pad_axis_to_multiple(dy, 0, OUTER_BLOCK)  # [Mp, N]
-  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, gemm=gemm)
+  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, backend=backend)
   x_hat = None
   if recipe.aligned_backward:
     x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'p]: K' zero-padded to 128 (zero rows of dW, cropped)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys)
   else:
     b6 = res.q6_pre
   return _BackwardOperands(w_src, x_hat, a3, b4, a5, b6)
 
 
-def _backward(recipe: Recipe, gemm: GemmMode, res: _Residuals, dy):
+def _backward(recipe: Recipe, res: _Residuals, dy):
   kernel, split = res.kernel, res.split
   k, n = kernel.shape
   m = dy.shape[0]
   dy = _as_rounded(dy)  # for the FP4 operands and the MXFP8 outlier operand alike
-  ops = _backward_operands(recipe, gemm, res, dy)
-  dx = gemm_nt(ops.a3, ops.b4, mode=gemm, out_dtype=jnp.float32)[:, :k]
-  dw_fp4 = gemm_nt(ops.b6, ops.a5, mode=gemm, out_dtype=jnp.float32)  # [K'p, N]
+  ops = _backward_operands(recipe, res, dy)
+  backend = recipe.backend
+  dx = gemm_nt(ops.a3, ops.b4, backend=backend, out_dtype=jnp.float32)[:, :k]
+  dw_fp4 = gemm_nt(ops.b6, ops.a5, backend=backend, out_dtype=jnp.float32)  # [K'p, N]
   if split is None:
     dw = dw_fp4
   else:
     # Outlier channels: MXFP8 dY^T x MXFP8 X_hat_out^T along M, no RHT, no SR.
     x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :split.outlier.shape[0]]  # [M, n_out]
     dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy.astype(jnp.float32), axis=0),
-                     mode=gemm, out_dtype=jnp.float32)  # [n_out, N]
+                     backend=backend, out_dtype=jnp.float32)  # [n_out, N]
     rest = split.fp4
     dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[split.outlier].set(dw_out)
   return dx, dw[:k]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _linear_2d(x, kernel, key, split, recipe: Recipe, gemm: GemmMode):
-  return _forward(x, kernel, key, split, recipe, gemm)[0]
+def _linear_2d(x, kernel, key, split, recipe: Recipe, interpreted: frozenset):
+  del interpreted  # a cache key only: gemm.interpret_kernels is read while tracing
+  return _forward(x, kernel, key, split, recipe)[0]
 
 
-def _linear_2d_fwd(x, kernel, key, split, recipe, gemm):
-  return _forward(x, kernel, key, split, recipe, gemm)
+def _linear_2d_fwd(x, kernel, key, split, recipe, interpreted):
+  del interpreted
+  return _forward(x, kernel, key, split, recipe)
 
 
-def _linear_2d_bwd(recipe, gemm, res: _Residuals, dy):
-  dx, dw = _backward(recipe, gemm, res, dy)
+def _linear_2d_bwd(recipe, interpreted, res: _Residuals, dy):
+  del interpreted
+  dx, dw = _backward(recipe, res, dy)
   return dx.astype(res.x_dtype.dtype), dw.astype(res.kernel.dtype), None, None
 
 
@@ -383,7 +392,6 @@ def linear(
     key: jax.Array | None = None,
     outlier_idx: jax.typing.ArrayLike | None = None,
     fp4_idx: jax.typing.ArrayLike | None = None,
-    gemm: GemmMode = "fast",
 ) -> jax.Array:
   """Quantized y = x @ kernel with an NVFP4 forward and backward (custom_vjp).
 
@@ -391,23 +399,26 @@ def linear(
     x: activations [..., K].
     kernel: weight [K, N] (Flax layout: in x out), the FP32 master weight.
     recipe: a Recipe or preset name ('bf16', 'nvidia_nvfp4', 'tetrajet_v2',
-      'tetrajet_v2_outcontrol', ...).
+      'tetrajet_v2_outcontrol', ...). Its `backend` field picks the
+      execution ('auto', 'xla', 'pallas', 'reference'; see linear/gemm.py).
     key: PRNG key for stochastic rounding and RHT signs; required when the
       recipe uses them. Use a fresh key per layer per step.
     outlier_idx: int array of distinct input channels in [0, K), fewer than
       K (OutControl), that run in MXFP8. None or empty = pure FP4.
     fp4_idx: the other channels, in the order the FP4 part gathers them
       (QuantLinear passes descending calibration norm); default ascending.
-    gemm: 'exact' (FP32 reference), 'fast' (XLA bf16) or 'pallas'.
 
   Returns:
     y [..., N] in the recipe's out_dtype (bf16 by default).
+
+  Raises:
+    gemm.BackendUnavailableError: recipe.backend='pallas' and a kernel cannot
+      run on this device or shape (use 'auto' to fall back to XLA).
 
   Example:
     >>> y = linear(x, kernel, recipe="tetrajet_v2", key=jax.random.key(0))
   """
   recipe = recipes_lib.get(recipe)
-  check_gemm_mode(gemm)
   x = jnp.asarray(x)
   kernel = jnp.asarray(kernel)
   if kernel.ndim != 2:
@@ -437,7 +448,7 @@ def linear(
       raise ValueError(f"linear: {e}") from None
   elif fp4_idx is not None:
     raise ValueError("linear: fp4_idx without outlier_idx; pass the outlier channels too (or neither).")
-  y = _linear_2d_jit(x.reshape(-1, k), kernel, key, split, recipe, gemm)
+  y = _linear_2d_jit(x.reshape(-1, k), kernel, key, split, recipe, gemm_lib.interpreted())
   return y.reshape(*lead, n)
 
 
@@ -454,7 +465,8 @@ def residual_bytes_per_token(recipe: str | Recipe, k: int, n: int, *, outlier_fr
   n_out = outlier_count(k, p, recipe.outlier_rounding)
   idx = None if n_out == 0 else ChannelSplit(jax.ShapeDtypeStruct((n_out,), jnp.int32),
                                              jax.ShapeDtypeStruct((k - n_out,), jnp.int32))
-  res = jax.eval_shape(lambda a, b, i: _forward(a, b, jax.random.key(0), i, recipe, "fast")[1], x, w, idx)
+  xla = dataclasses.replace(recipe, backend="xla")
+  res = jax.eval_shape(lambda a, b, i: _forward(a, b, jax.random.key(0), i, xla)[1], x, w, idx)
   leaves = [res.x_fwd, res.x_out, res.q6_pre]
   total = sum(int(np.prod(l.shape)) * jnp.dtype(l.dtype).itemsize for l in jax.tree.leaves(leaves))
   return total / tokens

@@ -40,14 +40,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels import _platform
+from tetrajet_jax.kernels import _platform
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
 from tetrajet_jax.numerics.e2m1 import flush_subnormal, nearest_index
 from tetrajet_jax.numerics.e2m1 import grid_value as _index_magnitude  # E2M1 grid value of an index (exact)
+from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
 from tetrajet_jax.numerics.scales import div_by_constant, div_rn, reciprocal_rn, round_to_e4m3
 
-OUTER = 128
-INNER = 16
+OUTER = OUTER_BLOCK
+INNER = INNER_BLOCK
 _F32_MAX = float(np.finfo(np.float32).max)
 
 Packing = Literal["pairs", "xla"]
@@ -200,7 +201,7 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
     k_splits: CTAs per row block along K (a divisor of K / 128; default: enough
       for two CTAs per SM, `_platform.k_splits`). Results do not depend on it.
     interpret: run on the CPU in Mosaic GPU's interpreter.
-    _division, _math: timing only (pallas_kernels.bench's attribution rows),
+    _division, _math: timing only (experiments.bench's attribution rows),
       results NOT bitwise the reference's: _division="hardware" divides each
       element by its scale with the plain x / s (scales stay exact);
       _math="none" keeps grid, pipeline, loads and stores but writes input

@@ -1,7 +1,7 @@
 """Times a quantized linear layer's forward + backward per recipe vs bf16.
 
-    python -m experiments.bench_linear [--shapes 16384x1024x4096,16384x4096x1024]
-                                       [--gemms fast,pallas] [--out results/bench_linear.json]
+    python -m experiments.bench recipes [--shapes 16384x1024x4096,16384x4096x1024]
+                                        [--backends xla,auto] [--out results/bench_linear.json]
 
 One process, one device: every recipe's fwd+bwd (Y, dX, dW; all quantizers
 included) is timed with the same harness and reported as a ratio to the bf16
@@ -18,20 +18,20 @@ import jax
 import jax.numpy as jnp
 
 import tetrajet_jax as tj
-from tetrajet_jax.benchmarking import commit_id, device_name, time_fn
+from experiments.bench.timing import commit_id, device_name, time_fn
 from tetrajet_jax.linear import outlier_count
 
 RECIPES = ("bf16", "nvidia_nvfp4", "tetrajet_v2", "tetrajet_v2_outcontrol")
 
 
-def fwd_bwd_fn(recipe: str, gemm: str, k: int):
-  r = tj.recipes.get(recipe)
+def fwd_bwd_fn(recipe: str, backend: str, k: int):
+  r = tj.recipes.get(recipe, backend=backend)
   n_out = outlier_count(k, r.outlier_fraction, r.outlier_rounding) if r.quantized else 0
   idx = jnp.arange(n_out, dtype=jnp.int32) * (k // max(n_out, 1)) if n_out else None
 
   @jax.jit
   def step(x, w, dy, key):
-    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=r, key=key, gemm=gemm, outlier_idx=idx), x, w)
+    y, vjp = jax.vjp(lambda x, w: tj.linear(x, w, recipe=r, key=key, outlier_idx=idx), x, w)
     dx, dw = vjp(dy)
     return y, dx, dw
 
@@ -39,12 +39,16 @@ def fwd_bwd_fn(recipe: str, gemm: str, k: int):
 
 
 def main(argv=None) -> list[dict]:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="python -m experiments.bench recipes", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--shapes", default="16384x1024x4096,16384x4096x1024", help="MxKxN list")
-  p.add_argument("--gemms", default="fast", help="comma list of gemm modes for the FP4 recipes")
+  p.add_argument("--backends", default="xla", help="comma list of backends for the FP4 recipes (xla, auto, pallas)")
   p.add_argument("--reps", type=int, default=10)
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
+  bad = sorted(set(a.backends.split(",")) - set(tj.recipes.BACKENDS))
+  if bad:
+    p.error(f"--backends: unknown {bad}; use a comma-separated subset of {','.join(tj.recipes.BACKENDS)}")
   rows = []
   for shape in a.shapes.split(","):
     m, k, n = (int(v) for v in shape.split("x"))
@@ -53,34 +57,31 @@ def main(argv=None) -> list[dict]:
     w = jax.random.normal(kw, (k, n), jnp.float32) * 0.02
     dy = jax.random.normal(kd, (m, n), jnp.bfloat16)
     key = jax.random.key(1)
-    base = time_fn(fwd_bwd_fn("bf16", "fast", k), x, w, dy, key, reps=a.reps)
+    base = time_fn(fwd_bwd_fn("bf16", "xla", k), x, w, dy, key, reps=a.reps)
     flops = 3 * 2 * m * k * n
-    rows.append(dict(shape=shape, recipe="bf16", gemm="xla", ms=base * 1e3, ratio=1.0,
+    rows.append(dict(shape=shape, recipe="bf16", backend="xla", ms=base * 1e3, ratio=1.0,
                      tflops=flops / base / 1e12))
-    for gemm in a.gemms.split(","):
+    for backend in a.backends.split(","):
       for recipe in RECIPES[1:]:
         try:
-          t = time_fn(fwd_bwd_fn(recipe, gemm, k), x, w, dy, key, reps=a.reps)
+          t = time_fn(fwd_bwd_fn(recipe, backend, k), x, w, dy, key, reps=a.reps)
         except Exception as e:  # noqa: BLE001 - report and go on with the other variants
-          rows.append(dict(shape=shape, recipe=recipe, gemm=gemm, error=f"{type(e).__name__}: {e}"[:200]))
+          rows.append(dict(shape=shape, recipe=recipe, backend=backend, error=f"{type(e).__name__}: {e}"[:200]))
           continue
-        rows.append(dict(shape=shape, recipe=recipe, gemm=gemm, ms=t * 1e3, ratio=t / base,
+        rows.append(dict(shape=shape, recipe=recipe, backend=backend, ms=t * 1e3, ratio=t / base,
                          tflops=flops / t / 1e12))
   print(f"device {device_name()}, commit {commit_id()}; fwd+bwd (Y, dX, dW), median of {a.reps} samples "
         "of 10 calls in one jitted loop")
-  print("| M x K x N | recipe | gemm | ms | time / bf16 | effective TFLOP/s |")
+  print("| M x K x N | recipe | backend | ms | time / bf16 | effective TFLOP/s |")
   print("|---|---|---|---:|---:|---:|")
   for r in rows:
     if "error" in r:
-      print(f"| {r['shape']} | {r['recipe']} | {r['gemm']} | failed: {r['error']} | | |")
+      print(f"| {r['shape']} | {r['recipe']} | {r['backend']} | failed: {r['error']} | | |")
     else:
-      print(f"| {r['shape']} | {r['recipe']} | {r['gemm']} | {r['ms']:.3f} | {r['ratio']:.2f} | {r['tflops']:.0f} |")
+      print(f"| {r['shape']} | {r['recipe']} | {r['backend']} | {r['ms']:.3f} | {r['ratio']:.2f} | {r['tflops']:.0f} |")
   if a.out:
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
       json.dump(dict(device=device_name(), commit=commit_id(), rows=rows), f, indent=1)
   return rows
 
-
-if __name__ == "__main__":
-  main()

@@ -1,0 +1,23 @@
+"""The benchmark command: ``python -m experiments.bench {kernels,recipes} [options]``."""
+
+from __future__ import annotations
+
+import sys
+
+from experiments.bench import kernels, recipes
+
+COMMANDS = {"kernels": kernels.main, "recipes": recipes.main}
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv or argv[0] not in COMMANDS:
+    print(f"usage: python -m experiments.bench {{{','.join(COMMANDS)}}} [options]  (--help after a command)",
+          file=sys.stderr)
+    return 2
+  COMMANDS[argv[0]](argv[1:])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

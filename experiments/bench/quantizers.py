@@ -1,0 +1,192 @@
+"""Quantizer sections: the fused RTN and RHT + SR kernels vs the same-run copy and the XLA quantizer."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
+from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
+from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
+from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
+                                   random_hadamard_16, unpack_e2m1)
+
+# One quantizer shape: every kernel variant costs 20-40 s of Mosaic compile on
+# the GPU host, and (16384, 1024) ranked the variants the same way
+# (docs/KERNELS.md); pass --quant-shapes to time others.
+QUANT_SHAPES = [(16384, 4096)]
+
+
+QUANT_INPUTS = ("lognormal", "normal")
+
+
+def _test_input(key, shape, dtype, kind: str = "lognormal"):
+  """Quantizer input: "lognormal" (normal times exp(2 N(0,1)): magnitudes over
+  ~e^+-6, many values far below their block's max) or "normal" (like a
+  layer's activations and dY), both with a zero block, a tiny block and one
+  huge value in the first rows (edge cases the checks see)."""
+  if kind not in QUANT_INPUTS:
+    raise ValueError(f"unknown input kind {kind!r}; use one of {QUANT_INPUTS}")
+  k1, k2 = jax.random.split(key)
+  x = jax.random.normal(k1, shape, jnp.float32)
+  if kind == "lognormal":
+    x = x * jnp.exp(2.0 * jax.random.normal(k2, shape, jnp.float32))
+  x = x.at[0, :128].set(0.0).at[1, :16].set(1e-30).at[2, 7].set(3e5)
+  return x.astype(dtype)
+
+
+def _quant_row(name: str, shape, dt: float, nbytes: int, copy_bw: float, t_xla: float, **extra) -> dict:
+  return dict(kind="quant", name=name, shape=shape, ms=dt * 1e3, gbps=nbytes / dt / 1e9,
+              vs_copy=nbytes / dt / copy_bw, vs_xla=t_xla / dt, ok=True, **extra)
+
+
+# Where a quantizer's time goes (bf16 input, default variant): the same kernel
+# with the plain hardware quotient per element (timing only, not bitwise: what
+# exactness costs), and with no tile math (same loads and stores: the ceiling).
+ATTRIBUTION = (
+    (" division=hardware (timing only, inexact)", dict(_division="hardware")),
+    (" load+store only (ceiling)", dict(_math="none")),
+)
+
+
+def _inexact_check(ref_key):
+  """The hardware-division variant is not bitwise (that is what it measures):
+  >= 99% of its codes must equal the exact kernel's, or it is not timed."""
+  def check(out, outs):
+    if ref_key not in outs:
+      return f"no reference: {' '.join(map(str, ref_key))} failed"
+    agree = code_agreement(out.codes, outs[ref_key].codes)
+    return None if agree >= 0.99 else f"MISMATCH: {agree:.2%} of codes agree (< 99%)"
+  return check
+
+
+def _input_name(dtype, kind: str) -> str:
+  """Row-name part for the dtype, plus the input kind unless it is the default."""
+  return jnp.dtype(dtype).name + ("" if kind == QUANT_INPUTS[0] else f" {kind}-input")
+
+
+def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
+  """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
+  Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution,
+  per input kind (`_test_input`)."""
+  jobs = []
+  for shape, kind, dtype in itertools.product(shapes, inputs, (jnp.bfloat16, jnp.float32)):
+    start = len(jobs)
+    x = _test_input(jax.random.key(1), shape, dtype, kind)
+    dname = _input_name(dtype, kind)
+    copy, xla = (f"copy {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
+    out_bytes = _nbytes(jax.eval_shape(lambda v: quantize_nvfp4(v, axis=-1), x))
+    nb = x.nbytes + out_bytes
+    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+    jobs += [Job(copy, lambda v: -v, (x,)),
+             Job(xla, lambda v: quantize_nvfp4(v, axis=-1), (x,),
+                 row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                     *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
+    # block_rows=128 measured 1.4-2x slower at every shape and dtype
+    # (docs/KERNELS.md): not re-timed.
+    for emit in (False, True):
+      key = (f"pallas rtn {dname} rows64_s2{' +operand' if emit else ''}", shape)
+
+      def check(out, outs, xla=xla, emit=emit):
+        ref = outs.get(xla)
+        if ref is None:
+          return "no reference: the XLA quantizer failed"
+        t, qs = out if emit else (out, None)
+        ok = _tensors_equal(t, ref) and (not emit or _same_bits(qs, nvfp4_bf16_operand(ref)[0]))
+        return None if ok else "MISMATCH vs reference"
+
+      jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
+                      row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                          key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+    _label(jobs, start, f"rtn {dname}")
+    if dtype == jnp.bfloat16:
+      exact = (f"pallas rtn {dname} rows64_s2", shape)
+      for suffix, knobs in ATTRIBUTION:
+        key = (exact[0] + suffix, shape)
+        jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn(v, **knobs), (x,),
+                        check=_inexact_check(exact) if "_division" in knobs else None,
+                        row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
+                            key[0], key[1], dt, nb, bw(times), times[xla])))
+      _label(jobs, start, f"rtn {dname} attribution")
+  return jobs
+
+
+def check_backward_output(xs, t, y, key, axis: int) -> str | None:
+  """The kernel's output on xs (with its RHT output y) vs XLA: RHT within FP32
+  accumulation order of random_hadamard_16, scales bitwise on the kernel's own
+  RHT output, codes among the two E2M1 neighbours. None when all hold."""
+  y = np.asarray(y)
+  lines = xs if axis == -1 else xs.T
+  lines = jnp.pad(lines, ((0, 0), (0, y.shape[1] - lines.shape[1])))  # the kernel pads its axis with zeros
+  yr = np.asarray(random_hadamard_16(lines.astype(jnp.float32), key, axis=-1))
+  cmax = np.repeat(np.abs(yr).reshape(yr.shape[0], -1, 16).max(-1), 16, 1)
+  fin = np.isfinite(yr) & np.isfinite(y)
+  if not np.all(np.abs(np.where(fin, y - yr, 0)) <= cmax * 2.0**-20):
+    return "RHT differs from random_hadamard_16"
+  r = quantize_nvfp4(jnp.asarray(y), axis=-1)
+  if not (_same_bits(t.scale_inner, r.scale_inner) and _same_bits(t.scale_outer, r.scale_outer)):
+    return "scales differ from quantize_nvfp4 on the kernel's RHT output"
+  s = np.repeat(np.asarray(t.scale_inner, np.float32), 16, 1) * np.repeat(np.asarray(t.scale_outer), 128, 1)
+  grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+  a = np.minimum(np.abs(y / s), 6.0)
+  lo_i = np.searchsorted(grid, a, side="right") - 1
+  mag = np.abs(np.asarray(decode_e2m1(unpack_e2m1(t.codes))))
+  if not np.all((mag == grid[lo_i]) | (mag == grid[np.minimum(lo_i + 1, 7)])):
+    return "SR picked a non-neighbour"
+  return None
+
+
+def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
+  """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
+  axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
+  slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
+  its attribution, checked against the exact kernel's codes."""
+  key = jax.random.key(11)
+  signs = hadamard_signs(key)
+  jobs = []
+  for shape, kind, dtype in itertools.product(shapes, inputs, (jnp.bfloat16, jnp.float32)):
+    start = len(jobs)  # the copy joins the first axis's wave
+    x = _test_input(jax.random.key(2), shape, dtype, kind)
+    dname = _input_name(dtype, kind)
+    copy = (f"copy {dname}", shape)
+    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
+    jobs.append(Job(copy, lambda v: -v, (x,)))
+    for axis in (-1, 0):
+      xla = (f"xla rht+sr {dname} axis={axis}", shape)
+      xla_fn = lambda v, k1, k2, axis=axis: quantize_nvfp4(random_hadamard_16(v, k1, axis=axis), axis=axis,
+                                                           rounding="stochastic", key=k2)
+      ref_shape = jax.eval_shape(xla_fn, x, key, jax.random.key(12))
+      nb = x.nbytes + _nbytes((ref_shape.codes, ref_shape.scale_inner, ref_shape.scale_outer))
+      jobs.append(Job(xla, xla_fn, (x, key, jax.random.key(12)),
+                      row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
+                          xla[0], xla[1], dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9)))
+      xs = x[:1024] if axis == -1 else x[:, :512]
+      checked = (f"pallas rht+sr {dname} axis={axis} check", shape)
+      jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_rht_sr(
+          v, signs, jnp.uint32(3), axis=axis, emit_transformed=True), (xs,), timed=False, inner=1,
+          check=lambda out, outs, xs=xs, axis=axis: check_backward_output(xs, *out, key, axis)))
+
+      def needs_check(out, outs, checked=checked):
+        return None if checked in outs else "CHECK FAILED (see the check's row)"
+
+      for emit in (False, True):
+        pk = (f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}", shape)
+        jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
+            v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
+            row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
+                pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+      _label(jobs, start, f"rht+sr {dname} axis={axis}")
+      if dtype == jnp.bfloat16 and axis == -1:
+        exact = (f"pallas rht+sr {dname} axis={axis}", shape)
+        for suffix, knobs in ATTRIBUTION:
+          ak = (exact[0] + suffix, shape)
+          jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),
+                          (x, signs, jnp.uint32(4)),
+                          check=_inexact_check(exact) if "_division" in knobs else needs_check,
+                          row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(
+                              ak[0], ak[1], dt, nb, bw(times), times[xla])))
+        _label(jobs, start, f"rht+sr {dname} axis={axis} attribution")
+  return jobs

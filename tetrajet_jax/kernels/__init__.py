@@ -1,0 +1,16 @@
+"""Pallas (Mosaic GPU, Hopper sm_90) kernels for NVFP4: fused RTN and backward (RHT-16 + SR) quantizers, exact GEMM.
+
+Each op sits beside its pure-JAX reference and a `can_use_*` check. The layer
+picks them by the recipe's backend (tetrajet_jax.linear.gemm): "auto" falls
+back to tetrajet_jax.numerics (XLA) where the check says no, "pallas" raises.
+Kernel modules import only tetrajet_jax.numerics and jax.
+"""
+
+from tetrajet_jax.kernels._platform import hopper_available
+from tetrajet_jax.kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
+                                       nvfp4_gemm,
+                                       nvfp4_gemm_reference)
+from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr,
+                                                    quantize_nvfp4_rht_sr_reference)
+from tetrajet_jax.kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
+                                           quantize_nvfp4_rtn_reference)

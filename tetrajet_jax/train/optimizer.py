@@ -1,0 +1,44 @@
+"""The optimizer: clip -> AdamW (decay mask) [-> OsciReset, or its monitor mode]."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import optax
+
+from tetrajet_jax.optim import osci_reset
+from tetrajet_jax.train.config import TrainConfig
+from tetrajet_jax.tree_paths import path_strs
+
+
+def monitors_oscillation(config: TrainConfig) -> bool:
+  """Quantized arms without OsciReset run its monitor mode (`monitor_oscillation`)."""
+  arm = config.arm_spec
+  return not arm.oscireset and arm.quantized and config.monitor_oscillation
+
+
+def _decay_mask(params: Any) -> Any:
+  """Weight decay on every matrix, norm weight and bias, not on the embedding (docs/SPEC.md
+  section 6; the reference configs' decay_norm_and_bias)."""
+  def decays(path, leaf):
+    del leaf
+    return not any("embed" in n for n in path_strs(path))
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def build_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
+                    ) -> optax.GradientTransformationExtraArgs:
+  """clip(1.0) -> AdamW(schedule) [-> OsciReset] over a pure param dict."""
+  parts = [optax.clip_by_global_norm(config.clip_norm),
+           optax.adamw(config.schedule.lr, b1=config.b1, b2=config.b2, eps=config.eps,
+                       weight_decay=config.weight_decay, mask=_decay_mask)]
+  w = config.osci_windows
+  if config.arm_spec.oscireset:
+    parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
+                            threshold=w.threshold, param_filter=param_filter))
+  elif monitors_oscillation(config) and param_filter is not None:
+    # Same windows, measure only: the "without OsciReset" curve of the oscillation plot.
+    parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
+                            threshold=w.threshold, param_filter=param_filter, apply=False))
+  return optax.chain(*parts)

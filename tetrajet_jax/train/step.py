@@ -1,0 +1,111 @@
+"""The compiled functions of a run: train step, validation statistics, logits.
+
+Each is a module-level function of (state or params, batch, ...) with the
+run's constants bound by keyword; `jit_*` wraps it with the run's shardings
+(the train step donates its state). The model's OutControl phase is static
+graph structure (`graphdef`), so a run compiles one train step per phase it
+goes through. `CompiledCache` keeps the jitted functions by (kind, graph,
+run identity, mesh, state structure): a function is fully determined by that
+key, so Trainers of the same run (a resume, tests) share them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import optax
+from flax import nnx
+
+from tetrajet_jax import nn as qnn
+from tetrajet_jax.evaluation.perplexity import batch_stats
+from tetrajet_jax.model.olmo2 import lm_loss
+from tetrajet_jax.optim import osci_reset_metrics
+from tetrajet_jax.train import sharding as sharding_lib
+from tetrajet_jax.train.schedule import Schedule
+
+
+def train_step(state: dict[str, Any], batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
+               tx: optax.GradientTransformationExtraArgs, mesh: jax.sharding.Mesh, z_loss: float,
+               schedule: Schedule, oscireset: bool, monitored: bool, param_shardings: Any
+               ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+  """One update: (state, {"inputs", "targets"}) -> (new state, metrics)."""
+  params, model_vars = state["params"], state["model"]
+
+  def loss_of(p):
+    model = nnx.merge(graphdef, sharding_lib.gather_for_compute(p, mesh), model_vars)
+    logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
+    loss, aux = lm_loss(logits, batch["targets"], z_loss=z_loss)
+    return loss, (aux, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))))
+
+  (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+  grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
+  extra = {}
+  if oscireset or monitored:
+    extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
+  updates, opt = tx.update(grads, state["opt"], params, **extra)
+  new_params = optax.apply_updates(params, updates)
+  metrics = {"train/loss": loss, "train/ce": aux["ce"], "train/z_loss": aux["z_loss"],
+             "train/grad_norm": optax.tree.norm(grads),
+             "train/param_norm": optax.tree.norm(new_params),
+             "train/lr": schedule.lr(state["step"])}
+  if oscireset:
+    metrics.update(osci_reset_metrics(opt))
+  elif monitored:
+    metrics["osci/risk_frac"] = osci_reset_metrics(opt)["osci/risk_frac"]
+  return {"params": new_params, "model": new_vars, "opt": opt, "step": state["step"] + 1}, metrics
+
+
+def eval_stats(params: Any, model_vars: Any, batch: dict[str, jax.Array], token_bytes: jax.Array, *,
+               graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(nll sum, tokens, bytes) of one validation batch, split like training."""
+  model = nnx.merge(graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)
+  logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
+  return batch_stats(logits, batch["targets"], batch["weights"], token_bytes)
+
+
+def logits(params: Any, model_vars: Any, tokens: jax.Array, *, graphdef: nnx.GraphDef,
+           mesh: jax.sharding.Mesh) -> jax.Array:
+  """float32 logits of int32 tokens [B, T] (FSDP-split parameters gathered)."""
+  return nnx.merge(graphdef, sharding_lib.gather_for_compute(params, mesh), model_vars)(tokens)
+
+
+def jit_train_step(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh, **consts) -> Callable:
+  """`train_step` with `consts` bound, jitted with the run's shardings; donates the state."""
+  return jax.jit(functools.partial(train_step, mesh=mesh, param_shardings=state_shardings["params"], **consts),
+                 in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=0)
+
+
+def jit_eval_stats(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh,
+                   graphdef: nnx.GraphDef) -> Callable:
+  rep = sharding_lib.replicated(mesh)
+  return jax.jit(functools.partial(eval_stats, graphdef=graphdef, mesh=mesh),
+                 in_shardings=(state_shardings["params"], state_shardings["model"], batch_sharding, rep),
+                 out_shardings=rep)
+
+
+def jit_logits(state_shardings: Any, mesh: jax.sharding.Mesh, graphdef: nnx.GraphDef) -> Callable:
+  rep = sharding_lib.replicated(mesh)
+  return jax.jit(functools.partial(logits, graphdef=graphdef, mesh=mesh),
+                 in_shardings=(state_shardings["params"], state_shardings["model"], rep), out_shardings=rep)
+
+
+class CompiledCache:
+  """Jitted functions by a hashable key; `get(key, build)` builds once."""
+
+  def __init__(self):
+    self._fns: dict[tuple, Callable] = {}
+
+  def get(self, key: tuple, build: Callable[[], Callable]) -> Callable:
+    if key not in self._fns:
+      self._fns[key] = build()
+    return self._fns[key]
+
+  def clear(self) -> None:
+    self._fns.clear()
+
+
+# Shared by the Trainers of one process (see the module docstring).
+COMPILED = CompiledCache()
