@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -59,6 +60,40 @@ def load_runs(results_dir: Path, arms: list[str] | None = None) -> dict[str, lis
   return runs
 
 
+def load_phases(results_dir: Path, arms: list[str]) -> dict[str, dict]:
+  """Each arm's schedule windows from its ``config.json`` (``derived``): OutControl's
+  calibration window and OsciReset's windows, where the arm has them."""
+  phases = {}
+  for arm in arms:
+    cfg = Path(results_dir) / arm / "config.json"
+    if cfg.is_file():
+      derived = json.loads(cfg.read_text(encoding="utf-8")).get("derived", {})
+      phases[arm] = {k: derived[k] for k in ("outcontrol_calibration", "osci_reset") if k in derived}
+  return phases
+
+
+def mark_phases(ax, phases: dict[str, dict], last_step: float) -> None:
+  """Shades OutControl's calibration window and OsciReset's windows; a dotted line at each reset.
+
+  Arms of one run share one schedule, so the first arm that has a window
+  gives it; the legend names each kind once.
+  """
+  calib = next((p["outcontrol_calibration"] for p in phases.values() if "outcontrol_calibration" in p), None)
+  if calib is not None:
+    ax.axvspan(calib["start"], calib["start"] + calib["length"], color="tab:orange", alpha=0.15,
+               label="OutControl picks outlier channels")
+  osci = next((p["osci_reset"] for p in phases.values() if "osci_reset" in p), None)
+  if osci is None:
+    return
+  first = True
+  for start in np.arange(osci["start_step"], last_step + 1, osci["period"]):
+    ax.axvspan(start, start + osci["window"], color="tab:purple", alpha=0.10,
+               label="OsciReset watches flips" if first else "_nolegend_")
+    ax.axvline(start + osci["window"] + 1, color="tab:purple", ls=":", lw=0.8,
+               label="OsciReset resets" if first else "_nolegend_")
+    first = False
+
+
 def smoothed_train_loss(records: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
   """Steps, raw values, trailing moving average and its window of ``train/loss``."""
   s, v = series(records, "train/loss")
@@ -66,8 +101,12 @@ def smoothed_train_loss(records: list[dict]) -> tuple[np.ndarray, np.ndarray, np
   return s, v, smooth(v, window), window
 
 
-def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss") -> Path:
-  """Train loss (smoothed) and validation loss; right panel zooms on the last third."""
+def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss",
+              phases: dict[str, dict] | None = None) -> Path:
+  """Train loss (smoothed) and validation loss; right panel zooms on the last third.
+
+  ``phases`` (`load_phases`) marks where OutControl calibrates and OsciReset acts.
+  """
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   last_step = 0
@@ -84,7 +123,6 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss") -> P
   axes[0].set_title(title)
   axes[1].set_title("last third (zoom)")
   lo = last_step * LATE_START
-  axes[1].set_xlim(lo, last_step * 1.01 + 1)
   ys = []
   for recs in runs.values():
     s, _, sv, _ = smoothed_train_loss(recs)
@@ -94,9 +132,11 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss") -> P
     pad = 0.05 * (max(ys) - min(ys) + 1e-6)
     axes[1].set_ylim(min(ys) - pad, max(ys) + pad)
   for ax in axes:
+    mark_phases(ax, phases or {}, last_step)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.grid(alpha=0.3)
+  axes[1].set_xlim(lo, last_step * 1.01 + 1)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -112,26 +152,46 @@ def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarra
   return (steps[nz[0]:], values[nz[0]:]) if nz.size else (steps[:0], values[:0])
 
 
-def plot_oscillation(runs: dict[str, list[dict]], path: Path) -> Path | None:
-  """Fraction of FP4 weights with R >= tau per window, and of weights reset."""
+def _layer_series(records: list[dict], prefix: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """Per-layer curves logged as ``<prefix>/<layer path>``."""
+  names = sorted({k[len(prefix) + 1:] for r in records for k in r if k.startswith(prefix + "/")})
+  return {n: _from_first_window(*series(records, f"{prefix}/{n}")) for n in names}
+
+
+def plot_oscillation(runs: dict[str, list[dict]], path: Path, phases: dict[str, dict] | None = None) -> Path | None:
+  """Left: per arm, the share of FP4 weights that keep flipping between two
+  FP4 values (flip ratio R >= tau over a watch window). Right: the same share
+  per layer for the arm with the most of them, so a reader sees which layers
+  oscillate; where no per-layer curves were logged, the share of weights
+  OsciReset reset."""
   have = {a: r for a, r in runs.items() if series(r, "osci/risk_frac")[0].size}
   if not have:
     return None
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+  last_step = max(series(r, "osci/risk_frac")[0].max() for r in have.values())
   for arm, recs in have.items():
     s, v = _from_first_window(*series(recs, "osci/risk_frac"))
     axes[0].step(s, v, where="post", label=arm)
-    s, v = _from_first_window(*series(recs, "osci/reset_frac"))
-    if s.size:
-      axes[1].step(s, v, where="post", label=arm)
-  axes[0].set_title("oscillating weights (R >= tau at the end of each window, from the first window on)")
-  axes[1].set_title("weights reset by OsciReset (last reset)")
+  axes[0].set_title("Weights flipping back and forth between two FP4 values")
+  worst = max(have, key=lambda a: float(np.nanmax(series(have[a], "osci/risk_frac")[1])))
+  layers = _layer_series(have[worst], "osci/risk_frac")
+  if layers:
+    for name, (s, v) in layers.items():
+      axes[1].step(s, v, where="post", lw=0.9, label=name)
+    axes[1].set_title(f"The same, layer by layer ({worst})")
+  else:
+    for arm, recs in have.items():
+      s, v = _from_first_window(*series(recs, "osci/reset_frac"))
+      if s.size:
+        axes[1].step(s, v, where="post", label=arm)
+    axes[1].set_title("Weights OsciReset snapped back to their FP4 value")
   for ax in axes:
+    mark_phases(ax, {a: p for a, p in (phases or {}).items() if "osci_reset" in p}, last_step)
     ax.set_xlabel("step")
-    ax.set_ylabel("fraction of FP4 weights")
+    ax.set_ylabel("share of FP4 weights")
     ax.grid(alpha=0.3)
     if ax.lines:
-      ax.legend(fontsize=8)
+      ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 8 else 1)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -140,8 +200,9 @@ def plot_oscillation(runs: dict[str, list[dict]], path: Path) -> Path | None:
 
 def plot_all(results_dir: Path, arms: list[str] | None = None) -> list[Path]:
   runs = load_runs(results_dir, arms)
-  out = [plot_loss(runs, Path(results_dir) / "loss.png")]
-  osc = plot_oscillation(runs, Path(results_dir) / "oscillation.png")
+  phases = load_phases(results_dir, list(runs))
+  out = [plot_loss(runs, Path(results_dir) / "loss.png", phases=phases)]
+  osc = plot_oscillation(runs, Path(results_dir) / "oscillation.png", phases=phases)
   if osc is not None:
     out.append(osc)
   return out

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig, TrainData,
+<<<<<<< HEAD
                                 Trainer, default_lr_steps, parse_arms, read_jsonl, scaled_calibration,
                                 scaled_osci_reset)
+=======
+                                Trainer, parse_arms, read_jsonl, scaled_calibration, scaled_osci_reset)
+from tetrajet_jax.train.checkpointing import DamagedCheckpointWarning
+>>>>>>> loop
 from tetrajet_jax.train.trainer import inject_nan
 
 
@@ -126,7 +131,9 @@ def test_corrupt_and_incompatible_checkpoints_raise(tmp_path, data):
   for f in (tmp_path / "checkpoints" / "2" / "state").rglob("*"):
     if f.is_file() and f.stat().st_size > 0 and "manifest" in f.name:
       f.write_bytes(b"garbage")
-  with pytest.raises(CheckpointError, match="cannot restore the train state"):
+  # The only checkpoint is damaged: no fresh start over it, and the damage is named.
+  with pytest.warns(DamagedCheckpointWarning), pytest.raises(
+      CheckpointError, match=r"no intact checkpoint in .*\n  checkpoint .*/2 is damaged: state/.*manifest"):
     Trainer(cfg, data, tmp_path, resume=True, progress=False)
 
 

@@ -173,7 +173,7 @@ class Trainer:
       raise CheckpointError(f"{self.workdir / 'checkpoints'} already holds checkpoint step {latest}; "
                             "pass resume=True (--resume) to continue it, or use another output folder.")
     if resume and latest is not None:
-      self._restore(latest)
+      self._restore(None)  # the newest intact checkpoint (damaged ones are skipped with a warning)
     elif resume and any(p.is_dir() for p in (self.workdir / "checkpoints").iterdir()):
       raise CheckpointError(f"{self.workdir / 'checkpoints'} has no complete checkpoint but is not "
                             f"empty ({sorted(p.name for p in (self.workdir / 'checkpoints').iterdir())});"
@@ -221,7 +221,7 @@ class Trainer:
     self._phase = want
     self.throughput.reset()
 
-  def _restore(self, step: int) -> None:
+  def _restore(self, step: int | None) -> None:
     restored_step, state = self.checkpointer.restore(self.state, self._it, step)
     self.state = jax.device_put(state, self._state_shardings)
     self.step = restored_step
