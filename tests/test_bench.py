@@ -345,3 +345,15 @@ def test_run_jobs_compiles_wave_by_wave(monkeypatch):
   assert events == [("compile", 2), "row", "row", ("compile", 1), "row"]
   waves = [j.wave for j in bench.gemm_jobs(shapes=[(128, 256, 128)], configs={})]
   assert waves == ["gemm 128x256x128"] * 2
+
+
+@pytest.mark.parametrize("dtype,col_splits", [(jnp.bfloat16, 1), (jnp.float32, 2)])
+def test_tma_copy_roofline_copies_every_element_interpret(rng, dtype, col_splits):
+  """The copy the quantizer rows are measured against really copies (Mosaic GPU interpreter)."""
+  from experiments.bench.copy_kernel import tma_copy  # noqa: PLC0415
+
+  x = jnp.asarray(rng.standard_normal((256, 512)), dtype)
+  y = tma_copy(x, col_splits=col_splits, interpret=True)
+  np.testing.assert_array_equal(np.asarray(y).view(np.uint8), np.asarray(x).view(np.uint8))
+  with pytest.raises(ValueError, match="must be a multiple"):
+    tma_copy(x[:, :200], interpret=True)

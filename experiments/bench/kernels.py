@@ -4,8 +4,9 @@
 
 Prints one table of ratios (median of repeats, one run; each sample times N
 calls inside one jitted lax.fori_loop, so host dispatch gaps between short
-kernels do not count): quantizer bandwidth vs a device-to-device
-copy-equivalent (elementwise negate: reads and writes the same bytes) and vs
+kernels do not count): quantizer bandwidth vs a TMA copy of the same input
+(`copy_kernel`, the memory roofline; XLA's elementwise negate where no
+Hopper GPU runs it) and vs
 the jitted XLA quantizer; NVFP4 GEMM TFLOP/s vs XLA's bf16 dot and vs
 jax.nn.scaled_dot_general(nvfp4) where it runs; the TetraJet-v2 linear
 fwd+bwd vs a bf16 linear. Attribution rows say where the time goes: the
