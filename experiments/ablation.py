@@ -41,7 +41,7 @@ from experiments.tables import (comparison, fmt, median_tokens_per_s, throughput
                                 write_tables)
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.data import cache as data_cache
-from tetrajet_jax.model.configs import CONFIGS, get_config
+from tetrajet_jax.model.configs import ATTENTIONS, CONFIGS, get_config
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 from tetrajet_jax.train.arms import ARMS, parse_arms
 
@@ -123,7 +123,8 @@ def _add_execution_args(p: argparse.ArgumentParser) -> None:
                       "steps up to 1.4x slower on the H200); default: scan on the CPU, unroll on GPUs")
   p.add_argument("--no-scan-blocks", dest="scan_blocks", action="store_false",
                  help="unroll the transformer blocks (same numbers up to float summation order)")
-  p.add_argument("--attention", default="xla", choices=["xla", "cudnn"])
+  p.add_argument("--attention", default="auto", choices=ATTENTIONS,
+                 help="auto (default): cuDNN flash attention on a GPU, XLA elsewhere, the same for every arm")
   p.add_argument("--mesh", default=None,
                  help="device mesh, e.g. 'data=2,fsdp=4' (default: every device on data; fsdp splits "
                       "parameters and optimizer state; docs/TRAINING.md)")

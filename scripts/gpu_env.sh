@@ -3,7 +3,9 @@
 # .whl: test and logging deps; .whl/mpl: plotting, if missing) into /tmp/site
 # and puts the repo and /tmp/site on PYTHONPATH. Needs $LOG.
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+shopt -s nullglob  # a missing folder contributes no wheels
 wheels=(.bundle/wheels/*.whl .whl/*.whl)
+shopt -u nullglob
 python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }

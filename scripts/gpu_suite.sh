@@ -4,11 +4,12 @@
 # time limit:
 #   1. GPU test suite: numerics (incl. the jit cast-elision check), Pallas
 #      kernels (GPU-marked tests at real shapes), linear layer;
-#   2. linear fwd+bwd per recipe vs bf16 (experiments.bench_linear);
-#   3. Pallas kernel benchmark (pallas_kernels.bench);
-#   4. 20m training throughput per arm (experiments.ablation, XLA path).
+#   2. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
+#   3. Pallas kernel benchmark (python -m experiments.bench kernels);
+#   4. 20m training throughput per arm (experiments.ablation, backend auto,
+#      the same attention for every arm).
 # Run from the repo root, with the data bundle in .bundle and extra wheels in
-# .whl (scripts/gpu_env.sh installs them):
+# .whl (scripts/gpu_wheels.sh fetches them; scripts/gpu_env.sh installs them):
 #   OUT=results/h200 bash scripts/gpu_suite.sh
 # Every stage writes its log straight into $OUT, so a run stopped at a time
 # limit still leaves what it finished: suite.log, one <stage>.log per stage,
@@ -67,16 +68,16 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE
   ${TEST_MARK:+-m "$TEST_MARK"} ${TEST_K:+-k "$TEST_K"} \
   tests/test_linear.py tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py \
   tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py
-stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench_linear --gemms fast,pallas \
-  --out "$OUT/bench_linear.json"
-stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m pallas_kernels.bench --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
+stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench recipes --backends xla,auto \
+  --out "$OUT/bench_recipes.json"
+stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m experiments.bench kernels --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
   ${BENCH_ONLY:+--only "$BENCH_ONLY"}
 # The same bench, one process per section, each under its own limit (Mosaic
 # compiles dominate a section's time; one slow section cannot starve the next).
 # KBENCH_ARGS: extra bench flags for every section (e.g. --linear-parts-shapes).
 for section in linear gemm quant bwdquant; do
   limit_var="T_KBENCH_$(echo "$section" | tr a-z A-Z)"
-  stage "kbench_$section" "${!limit_var:-150}" python3 -m pallas_kernels.bench --only "$section" \
+  stage "kbench_$section" "${!limit_var:-150}" python3 -m experiments.bench kernels --only "$section" \
     --out "$OUT/kbench_$section.json" --log "/tmp/kbench_${section}_tracebacks.log" ${KBENCH_ARGS:-}
 done
 stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \

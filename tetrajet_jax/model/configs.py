@@ -16,6 +16,7 @@ import dataclasses
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
 VOCAB_MULTIPLE = 128
+ATTENTIONS = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,7 +34,9 @@ class ModelConfig:
     norm_eps: RMSNorm epsilon.
     init_std: std of the truncated (at 3 sigma) normal init of every matrix.
     z_loss: weight of the z-loss term ``z_loss * logsumexp(logits)**2``.
-    attention: ``"xla"`` (einsum, any backend) or ``"cudnn"``
+    attention: ``"auto"`` (cuDNN's flash attention on a GPU, XLA
+      elsewhere: every arm, bf16 included, gets the fastest attention of the
+      device), ``"xla"`` (einsum, any backend) or ``"cudnn"``
       (`jax.nn.dot_product_attention` flash kernel, GPU only).
     peak_lr: default peak learning rate for this size (spec 6: 4e-4 for 70M,
       3e-4 for 150M/370M; small models take larger ones).
@@ -49,7 +52,7 @@ class ModelConfig:
   norm_eps: float = 1e-6
   init_std: float = 0.02
   z_loss: float = 1e-5
-  attention: str = "xla"
+  attention: str = "auto"
   peak_lr: float = 3e-4
 
   def __post_init__(self):
@@ -68,8 +71,8 @@ class ModelConfig:
                          f"1x{OUTER_BLOCK} block along K); use {(-(-v // OUTER_BLOCK)) * OUTER_BLOCK}.")
     if self.vocab_size < 0:
       raise ValueError(f"{self.name}: vocab_size={self.vocab_size} must be >= 0.")
-    if self.attention not in ("xla", "cudnn"):
-      raise ValueError(f"attention={self.attention!r}; use 'xla' or 'cudnn'.")
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"attention={self.attention!r}; use one of {', '.join(ATTENTIONS)}.")
 
   @property
   def head_dim(self) -> int:

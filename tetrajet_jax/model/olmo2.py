@@ -87,7 +87,12 @@ def rope(x_BxTxHxD: jax.Array, positions_T: jax.Array, theta: float) -> jax.Arra
 
 def causal_attention(q_BxTxHxD: jax.Array, k_BxTxHxD: jax.Array, v_BxTxHxD: jax.Array,
                      *, impl: str = "xla") -> jax.Array:
-  """Causal softmax attention: bf16 matmuls, float32 scores and softmax."""
+  """Causal softmax attention: bf16 matmuls, float32 scores and softmax.
+
+  impl: "xla", "cudnn" (flash kernel, GPU only) or "auto" (cudnn on a GPU).
+  """
+  if impl == "auto":
+    impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
   if impl == "cudnn":
     return jax.nn.dot_product_attention(q_BxTxHxD, k_BxTxHxD, v_BxTxHxD, is_causal=True,
                                         implementation="cudnn")

@@ -47,7 +47,8 @@ class TrainConfig:
     scan_blocks: run identical blocks as one lax.scan (`OLMo2`; compiles
       one block graph instead of one per block); None: scan on the CPU,
       unroll on GPUs (`default_scan_blocks`).
-    attention: ``"xla"`` or ``"cudnn"``.
+    attention: ``"auto"`` (cuDNN flash attention on a GPU, XLA elsewhere),
+      ``"xla"`` or ``"cudnn"``.
     eval_every: periodic validation every N steps (0: only when asked).
     eval_batches: batches per periodic validation.
     checkpoint_every: save every N steps (0: only at the end and on signals).
@@ -81,7 +82,7 @@ class TrainConfig:
   calib_start: int | None = None
   calib_steps: int | None = None
   backend: str = "auto"
-  attention: str = "xla"
+  attention: str = "auto"
   eval_every: int = 0
   eval_batches: int = 4
   checkpoint_every: int = 0
