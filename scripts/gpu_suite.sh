@@ -20,7 +20,7 @@ set -uo pipefail
 OUT="${OUT:-results/h200}"
 mkdir -p "$OUT"
 LOG="$OUT/suite.log"
-STAGES="${STAGES:-tests bench_linear bench_kernels throughput}"
+STAGES="${STAGES:-tests tests_jit bench_linear bench_kernels throughput}"
 # Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
 # section, limits T_KBENCH_<SECTION>), scan_probe (tokens/s of scanned vs
 # unrolled blocks).
@@ -68,6 +68,10 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE
   ${TEST_MARK:+-m "$TEST_MARK"} ${TEST_K:+-k "$TEST_K"} \
   tests/test_linear.py tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py \
   tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py
+# The jit checks on this backend: quantization really happens (no cast round
+# trip elided) and NonFiniteError reaches the caller from a GPU computation.
+stage tests_jit "${T_TESTS_JIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -W ignore \
+  tests/test_numerics.py -k "really_happens_under_jit or nonfinite_error_under_jit"
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench recipes --backends xla,auto \
   --out "$OUT/bench_recipes.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m experiments.bench kernels --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
