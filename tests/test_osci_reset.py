@@ -423,14 +423,14 @@ def test_monitor_mode_measures_and_never_resets(key):
   windows and the same D_Q / D_W sums; after a reset the trajectories part)."""
   prob, params = _toy_params(key)
   windows = dict(start_step=3, period=12, window=5, threshold=2.0)
-  plain = _train(optax.chain(optax.sgd(2e-3)), prob, params, 8)
-  monitor = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows, apply=False)), prob, params, 8)
-  reset = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows)), prob, params, 8)
+  plain = _train(optax.chain(optax.sgd(2e-3)), prob, params, 9)
+  monitor = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows, apply=False)), prob, params, 9)
+  reset = _train(optax.chain(optax.sgd(2e-3), osci_reset(**windows)), prob, params, 9)
   for a, b in zip(plain[2], monitor[2]):
     chex.assert_trees_all_equal(a, b)
   chex.assert_trees_all_equal(plain[0], monitor[0])
   m_state, r_state = monitor[1][1], reset[1][1]
-  # The first window ends at update 7: both saw the same trajectory until then.
+  # The first window is updates 3-7 and its reset update 8: both saw the same trajectory until then.
   assert int(m_state.num_risky_last["blocks"]["0"]["mlp"]["kernel"]) > 0
   chex.assert_trees_all_equal(m_state.num_risky_last, r_state.num_risky_last)
   assert int(m_state.num_reset["blocks"]["0"]["mlp"]["kernel"]) == 0

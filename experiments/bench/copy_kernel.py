@@ -19,9 +19,11 @@ from jax import lax
 
 from tetrajet_jax.kernels import hopper_available
 
+TILE_BYTES = 32 * 1024
+
 
 def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_concurrent_steps: int = 4,
-             col_splits: int = 1, interpret: bool = False) -> jax.Array:
+             col_splits: int = 1, staged: bool = False, interpret: bool = False) -> jax.Array:
   """Returns a copy of the 2-D array ``x`` made by TMA loads and stores.
 
   Args:
@@ -30,6 +32,9 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
     max_concurrent_steps: TMA loads in flight per CTA.
     col_splits: CTAs per row block (each streams its share of the columns),
       so short, wide arrays still fill every SM.
+    staged: store from a second, pipelined shared-memory buffer (a register
+      pass copies the tile) instead of straight from the loaded buffer, so no
+      step waits for its store before the next load.
     interpret: run in Mosaic GPU's CPU interpreter.
 
   Raises:
@@ -53,10 +58,18 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
       plgpu.commit_smem()
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot may be refilled once the store has read it
 
-    plgpu.emit_pipeline(step, grid=(steps,),
-                        in_specs=[plgpu.BlockSpec((block_rows, block_cols), lambda j: (0, j))],
-                        max_concurrent_steps=max_concurrent_steps)(
-                            x_gmem.at[rows, pl.ds(j0 * block_cols, steps * block_cols)])
+    cols = pl.ds(j0 * block_cols, steps * block_cols)
+    spec = plgpu.BlockSpec((block_rows, block_cols), lambda j: (0, j))
+    if staged:
+      def staged_step(idx, x_smem, o_smem):
+        del idx
+        o_smem[...] = x_smem[...]
+
+      plgpu.emit_pipeline(staged_step, grid=(steps,), in_specs=[spec], out_specs=[spec],
+                          max_concurrent_steps=max_concurrent_steps)(x_gmem.at[rows, cols], o_gmem.at[rows, cols])
+      return
+    plgpu.emit_pipeline(step, grid=(steps,), in_specs=[spec],
+                        max_concurrent_steps=max_concurrent_steps)(x_gmem.at[rows, cols])
     plgpu.wait_smem_to_gmem(0)
 
   call = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(r // block_rows, col_splits),
@@ -67,14 +80,19 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
   return call(x)
 
 
-def copy_fn(x: jax.Array):
-  """The roofline copy for ``x``: the TMA copy on a Hopper GPU when the shape
-  tiles (enough CTAs to fill the chip), else XLA's elementwise negate (same
-  bytes read and written)."""
+def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
+  """The roofline copies for ``x``, as (name, fn): on a Hopper GPU, when the
+  shape tiles, the TMA copy straight from the loaded buffer and the staged
+  one (enough CTAs to fill the chip; the bench takes the faster as the
+  roofline); elsewhere XLA's elementwise negate (same bytes read and written)."""
   rows, cols = x.shape if x.ndim == 2 else (0, 0)
-  if hopper_available() and rows % 128 == 0 and cols % 128 == 0 and rows and cols:
-    splits = max(1, min(cols // 128, 264 // max(rows // 128, 1)))
-    while (cols // 128) % splits:
+  block_cols = TILE_BYTES // (128 * x.dtype.itemsize)  # 32 KiB tiles: four in flight fit in shared memory
+  if hopper_available() and rows % 128 == 0 and cols % block_cols == 0 and rows and cols:
+    steps = cols // block_cols
+    splits = max(1, min(steps, 264 // max(rows // 128, 1)))  # about two CTAs per SM
+    while steps % splits:
       splits -= 1
-    return "tma", lambda v: tma_copy(v, col_splits=splits)
-  return "xla", lambda v: -v
+    return [(f"tma{'-staged' if staged else ''}",
+             lambda v, staged=staged: tma_copy(v, block_cols=block_cols, col_splits=splits, staged=staged))
+            for staged in (False, True)]
+  return [("xla", lambda v: -v)]

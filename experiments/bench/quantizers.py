@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench.copy_kernel import copy_fn
+from experiments.bench.copy_kernel import copy_fns
 from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
 from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
@@ -78,12 +78,13 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
     start = len(jobs)
     x = _test_input(jax.random.key(1), shape, dtype, kind)
     dname = _input_name(dtype, kind)
-    how, copy_op = copy_fn(x)
-    copy, xla = (f"copy ({how}) {dname}", shape), (f"xla quantize_nvfp4 {dname}", shape)
+    copies = [((f"copy ({how}) {dname}", shape), op) for how, op in copy_fns(x)]
+    xla = (f"xla quantize_nvfp4 {dname}", shape)
     out_bytes = _nbytes(jax.eval_shape(lambda v: quantize_nvfp4(v, axis=-1), x))
     nb = x.nbytes + out_bytes
-    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
-    jobs += [Job(copy, copy_op, (x,)),
+    bw = lambda times, copies=copies, x=x: 2 * x.nbytes / min(times[c] for c, _ in copies if c in times)
+    jobs += [Job(c, op, (x,)) for c, op in copies]
+    jobs += [
              Job(xla, lambda v: quantize_nvfp4(v, axis=-1), (x,),
                  row=lambda dt, out, times, xla=xla, nb=nb, bw=bw: _quant_row(
                      *xla, dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9))]
@@ -153,10 +154,9 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
     start = len(jobs)  # the copy joins the first axis's wave
     x = _test_input(jax.random.key(2), shape, dtype, kind)
     dname = _input_name(dtype, kind)
-    how, copy_op = copy_fn(x)
-    copy = (f"copy ({how}) {dname}", shape)
-    bw = lambda times, copy=copy, x=x: 2 * x.nbytes / times[copy]
-    jobs.append(Job(copy, copy_op, (x,)))
+    copies = [((f"copy ({how}) {dname}", shape), op) for how, op in copy_fns(x)]
+    bw = lambda times, copies=copies, x=x: 2 * x.nbytes / min(times[c] for c, _ in copies if c in times)
+    jobs += [Job(c, op, (x,)) for c, op in copies]
     for axis in (-1, 0):
       xla = (f"xla rht+sr {dname} axis={axis}", shape)
       xla_fn = lambda v, k1, k2, axis=axis: quantize_nvfp4(random_hadamard_16(v, k1, axis=axis), axis=axis,
