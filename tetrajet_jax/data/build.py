@@ -38,6 +38,9 @@ class BuildConfig:
     vocab_size: BPE vocabulary size (ignored for dolma2).
     min_frequency: BPE minimum pair count.
     eval_tasks: downstream tasks whose request files to extract (empty: none).
+    bpe_sample_bytes: the BPE is trained on a hash-chosen sample of train
+      documents of about this many bytes (``None``: the whole train split);
+      bounds the trainer's time and memory on a large corpus.
   """
 
   corpus: corpus.CorpusConfig = dataclasses.field(default_factory=corpus.CorpusConfig)
@@ -45,6 +48,7 @@ class BuildConfig:
   vocab_size: int = 16384
   min_frequency: int = 2
   eval_tasks: tuple[str, ...] = eval_requests.DEFAULT_TASKS
+  bpe_sample_bytes: int | None = 150_000_000
 
   def __post_init__(self):
     if self.tokenizer not in ("bpe", tokenizer_lib.DOLMA2):
@@ -70,7 +74,8 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
     inputs = {"pin": tokenizer_lib.DOLMA2_PIN}
   else:
     inputs = {"corpus": corpus_manifest["sha256"], "vocab_size": config.vocab_size,
-              "min_frequency": config.min_frequency, "tokenizers": hf_tokenizers.__version__}
+              "min_frequency": config.min_frequency, "tokenizers": hf_tokenizers.__version__,
+              "sample_bytes": config.bpe_sample_bytes}
   meta = cache.read_json(meta_path)
   if meta and meta.get("inputs") == inputs and cache.file_matches(path, meta["sha256"]):
     log.info("tokenizer: %s up to date", path)
@@ -80,7 +85,10 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
     tok = tokenizer_lib.load_dolma2(config.corpus.packages_dir)
   else:
     log.info("tokenizer: training BPE %d on the train split", config.vocab_size)
-    texts = (t for _, _, t in corpus.iter_documents(config.corpus.corpus_dir, corpus_manifest, "train"))
+    train_bytes = sum(e["train_bytes"] for e in corpus_manifest["sources"].values())
+    share = 1.0 if config.bpe_sample_bytes is None else min(1.0, config.bpe_sample_bytes / train_bytes)
+    texts = (t for s, d, t in corpus.iter_documents(config.corpus.corpus_dir, corpus_manifest, "train")
+             if share >= 1.0 or corpus.split_key(config.corpus.seed + 3, s, d) < share)
     tok = tokenizer_lib.train_bpe(texts, vocab_size=config.vocab_size,
                                   min_frequency=config.min_frequency)
   tok.hf.save(str(path))
