@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import lzma
+import multiprocessing
 import os
 import shutil
 from pathlib import Path
@@ -58,6 +59,16 @@ def unshuffle2(data: bytes) -> bytes:
   return bytes(out)
 
 
+def _map(fn, *iterables, jobs: int | None) -> list[Any]:
+  """``list(map(fn, ...))``, in ``jobs`` spawned processes when more than one."""
+  jobs = jobs or os.cpu_count() or 1
+  if jobs == 1:
+    return list(map(fn, *iterables))
+  ctx = multiprocessing.get_context("spawn")  # no fork of a threaded (JAX) parent
+  with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    return list(pool.map(fn, *iterables))
+
+
 def _sha(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
@@ -87,7 +98,7 @@ def _plan(rel: str, src: Path, max_part_bytes: int) -> list[dict[str, Any]]:
   with open(src, "rb") as f:
     sample = f.read(min(size, 4 * 2**20) & ~1)
   ratio = len(_compress(sample, transform)) / max(len(sample), 1) if sample else 1.0
-  step = max(int(max_part_bytes * 0.9 / max(ratio, 1e-3)) & ~0xFFFF, 1 << 16)
+  step = max(int(max_part_bytes * 0.9 / max(ratio, 1e-3)) & ~1, 2)
   return [{"file": rel, "offset": off, "length": min(step, size - off), "transform": transform}
           for off in range(0, max(size, 1), step)]
 
@@ -99,7 +110,7 @@ def _make_part(src: Path, out_dir: Path, name: str, rng: dict[str, Any], max_par
     raw = f.read(rng["length"])
   blob = _compress(raw, rng["transform"])
   if len(blob) > max_part_bytes:
-    if rng["length"] < 2 << 16:
+    if rng["length"] < 4096:
       raise PartsError(f"{rng['file']}: {rng['length']} bytes compress to {len(blob)} > "
                        f"{max_part_bytes}; raise --part-mib.")
     half = (rng["length"] // 2) & ~1
@@ -134,9 +145,8 @@ def pack_files(files: dict[str, Path], out_dir: Path, *, max_part_bytes: int = M
     stale.unlink(missing_ok=True)
   ranges = [r for rel, src in sorted(files.items()) for r in _plan(rel, src, max_part_bytes)]
   names = [f"part-{i:04d}" for i in range(len(ranges))]
-  with concurrent.futures.ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
-    made = list(pool.map(_make_part, [files[r["file"]] for r in ranges], [out_dir] * len(ranges),
-                         names, ranges, [max_part_bytes] * len(ranges)))
+  made = _map(_make_part, [files[r["file"]] for r in ranges], [out_dir] * len(ranges), names,
+              ranges, [max_part_bytes] * len(ranges), jobs=jobs)
   parts = dict(p for group in made for p in group)
   file_entries = {rel: {"bytes": src.stat().st_size, "sha256": cache.sha256_file(src),
                         "parts": [n for n, p in parts.items() if p["file"] == rel]}
@@ -220,11 +230,9 @@ def unpack_parts(parts_dir: Path, dest: Path, *, jobs: int | None = None) -> dic
     with open(tmp / rel, "wb") as f:
       f.truncate(entry["bytes"])
   try:
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
-      futures = [pool.submit(_unpack_part, parts_dir, name, part, tmp / part["file"])
-                 for name, part in sorted(manifest["parts"].items())]
-      for fut in futures:
-        fut.result()
+    items = sorted(manifest["parts"].items())
+    _map(_unpack_part, [parts_dir] * len(items), [n for n, _ in items], [p for _, p in items],
+         [tmp / p["file"] for _, p in items], jobs=jobs)
     for rel, entry in manifest["files"].items():
       if cache.sha256_file(tmp / rel) != entry["sha256"]:
         raise CorruptPartError(f"rebuilt {rel} fails its checksum; re-run `{PACK_COMMAND}` and copy "

@@ -69,7 +69,7 @@ def load_linux_c(packages_dir: Path) -> Documents:
     text = _read(path)
     if text and len(text) >= MIN_DOC_CHARS:
       docs.append((rel, text))
-  return docs
+  return sorted(docs)
 
 
 def load_linux_docs(packages_dir: Path) -> Documents:
@@ -83,7 +83,7 @@ def load_linux_docs(packages_dir: Path) -> Documents:
     text = _read(path)
     if text and len(text) >= MIN_DOC_CHARS:
       docs.append((rel, text))
-  return docs
+  return sorted(docs)
 
 
 # Well-known Python projects, pinned; their wheels carry the .py sources.

@@ -65,7 +65,7 @@ def html_loader(pin: str, base: str, include: str, exclude: str = r"^$") -> Call
       text = textparse.html_to_text(data)
       if len(text) >= MIN_DOC_CHARS:
         docs.append((rel, text))
-    return docs
+    return sorted(docs)
 
   return load
 
@@ -80,7 +80,7 @@ def pod_loader(pin: str, base: str) -> Callable[[Path], Documents]:
       text = textparse.pod_to_text(path.read_bytes())
       if len(text) >= MIN_DOC_CHARS:
         docs.append((path.relative_to(root).as_posix(), text))
-    return docs
+    return sorted(docs)
 
   return load
 
@@ -124,7 +124,7 @@ def text_loader(pin: str, base: str, pattern: str) -> Callable[[Path], Documents
       text = clean_text(data.decode("utf-8", errors="replace"))
       if len(text) >= MIN_DOC_CHARS:
         docs.append((path.relative_to(root).as_posix(), text))
-    return docs
+    return sorted(docs)
 
   return load
 
@@ -143,7 +143,7 @@ def fortunes_loader(pin: str) -> Callable[[Path], Documents]:
       text = "\n\n".join(q for q in quotes if q)
       if len(text) >= MIN_DOC_CHARS:
         docs.append((path.name, text))
-    return docs
+    return sorted(docs)
 
   return load
 
