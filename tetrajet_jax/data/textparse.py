@@ -52,24 +52,27 @@ def _dropped(el) -> bool:
   return bool(_DROP_CLASSES.intersection((el.get("class") or "").split()))
 
 
+_LINE_TAGS = frozenset(("br", "li", "tr", "dt", "dd"))
+
+
 def _walk(el, out: list[str]) -> None:
+  """Appends the text under ``el``; source line breaks outside <pre> are spaces."""
   tag = el.tag if isinstance(el.tag, str) else ""
   if tag == "pre":
     # Code and literal blocks keep their line breaks and indentation.
     out.append("\n\n\x00" + "".join(el.itertext()).replace("\n", "\n\x00") + "\n\n")
     return
-  block = tag in _BLOCK_TAGS
-  if block:
-    out.append("\n\n" if tag not in ("br", "li", "tr", "dt") else "\n")
+  if tag in _BLOCK_TAGS:
+    out.append("\n" if tag in _LINE_TAGS else "\n\n")
   if el.text:
-    out.append(el.text)
+    out.append(el.text.replace("\n", " "))
   for child in el:
     if isinstance(child.tag, str) and not _dropped(child):
       _walk(child, out)
     if child.tail:
-      out.append(child.tail)
-  if block:
-    out.append("\n")
+      out.append(child.tail.replace("\n", " "))
+  if tag in _BLOCK_TAGS and tag not in _LINE_TAGS:
+    out.append("\n\n")
   if tag in ("td", "th"):
     out.append(" ")
 
