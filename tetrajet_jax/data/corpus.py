@@ -212,6 +212,8 @@ def build_corpus(
                "in %.1f s", name, used[name]["docs"], used[name]["bytes"], used[name]["loaded_docs"],
                used[name]["dropped_exact"], used[name]["dropped_near"], used[name]["dropped_cap"],
                used[name]["build_seconds"])
+      # Record progress now, so an interrupted build resumes after this source.
+      cache.write_json(manifest_path, {"sources": {**old, **used}, "failed": {}, "partial": True})
     except Exception as e:  # pylint: disable=broad-except  (skip, do not crash)
       log.warning("corpus: skipping source %r: %s: %s", name, type(e).__name__, e)
       failed[name] = f"{type(e).__name__}: {e}"

