@@ -143,8 +143,7 @@ def test_weights_groups_and_stats_file(tmp_path, monkeypatch):
   text = doc.read_text()
   assert "old" not in text and "| pa | prose |" in text and text.endswith(f"{stats.END}\nafter\n")
   with pytest.raises(ValueError, match="markers"):
-    stats.update_markdown(tmp_path / "DATA.md", s) if False else stats.update_markdown(
-        _no_markers(tmp_path), s)
+    stats.update_markdown(_no_markers(tmp_path), s)
 
 
 def _no_markers(tmp_path):
