@@ -79,9 +79,9 @@ MIXTURE: dict[str, MixtureEntry] = {
     "linux-docs": MixtureEntry(group="prose", licence="GPL-2"),
     # --- code --------------------------------------------------------------
     "code": MixtureEntry(group="code", licence="PSF-2"),
-    "python-code": MixtureEntry(group="code", cap_bytes=150 * _MB,
+    "python-code": MixtureEntry(group="code", cap_bytes=120 * _MB,
                                 licence="BSD/MIT/PSF/Apache (per package)"),
-    "linux-c": MixtureEntry(group="code", cap_bytes=300 * _MB, licence="GPL-2"),
+    "linux-c": MixtureEntry(group="code", cap_bytes=200 * _MB, licence="GPL-2"),
 }
 
 # The six small sources of the demo/CI corpus (about 11M tokens).

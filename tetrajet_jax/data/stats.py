@@ -99,8 +99,11 @@ def render_markdown(stats: dict[str, Any]) -> str:
     lines.append(_row([k, v["file"], f"{v['docs']:,}", f"{v['bytes']:,}", f"{v['tokens']:,}",
                        f"{v['bytes'] / max(v['tokens'], 1):.3f}"]))
   wall = ", ".join(f"{k} {v:.0f} s" for k, v in stats["wall_seconds"].items())
+  per_source = sum(s["build_seconds"] or 0 for s in stats["sources"].values())
   lines += ["", f"Tokenizer {stats['tokenizer']} (vocabulary {stats['vocab_size']:,}). "
-            f"Wall time: {wall}. Cache disk use: {stats['cache_disk_bytes'] / 2**30:.2f} GiB."]
+            f"Wall time of the run that wrote this file: {wall}; the sources' own build times "
+            f"(download, parse, dedup; recorded when each was built) add up to {per_source:.0f} s. "
+            f"Cache disk use: {stats['cache_disk_bytes'] / 2**30:.2f} GiB."]
   for name, why in sorted(stats["failed"].items()):
     lines.append(f"Skipped source {name}: {why}")
   return "\n".join(lines)
