@@ -66,6 +66,9 @@ MIXTURE: dict[str, MixtureEntry] = {
     "python-docs": MixtureEntry(group="prose", licence="PSF-2"),
     "django-docs": MixtureEntry(group="prose", licence="BSD-3-clause"),
     "scipy-docs": MixtureEntry(group="prose", licence="BSD-3-clause"),
+    "pandas-docs": MixtureEntry(group="prose", licence="BSD-3-clause"),
+    "sklearn-docs": MixtureEntry(group="prose", licence="BSD-3-clause"),
+    "libreoffice-help": MixtureEntry(group="prose", licence="MPL-2.0"),
     "perl-docs": MixtureEntry(group="prose", licence="GPL-1+ or Artistic"),
     "postgres-docs": MixtureEntry(group="prose", licence="PostgreSQL"),
     "git-docs": MixtureEntry(group="prose", licence="GPL-2"),
@@ -79,7 +82,7 @@ MIXTURE: dict[str, MixtureEntry] = {
     "linux-docs": MixtureEntry(group="prose", licence="GPL-2"),
     # --- code --------------------------------------------------------------
     "code": MixtureEntry(group="code", licence="PSF-2"),
-    "python-code": MixtureEntry(group="code", cap_bytes=120 * _MB,
+    "python-code": MixtureEntry(group="code", cap_bytes=100 * _MB,
                                 licence="BSD/MIT/PSF/Apache (per package)"),
     "linux-c": MixtureEntry(group="code", cap_bytes=200 * _MB, licence="GPL-2"),
 }
