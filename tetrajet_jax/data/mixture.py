@@ -84,7 +84,7 @@ MIXTURE: dict[str, MixtureEntry] = {
     "code": MixtureEntry(group="code", licence="PSF-2"),
     "python-code": MixtureEntry(group="code", cap_bytes=100 * _MB,
                                 licence="BSD/MIT/PSF/Apache (per package)"),
-    "linux-c": MixtureEntry(group="code", cap_bytes=200 * _MB, licence="GPL-2"),
+    "linux-c": MixtureEntry(group="code", cap_bytes=150 * _MB, licence="GPL-2"),
 }
 
 # The six small sources of the demo/CI corpus (about 11M tokens).
