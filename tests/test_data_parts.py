@@ -95,3 +95,17 @@ def test_pack_cli(tmp_path, built, capsys):
 def test_shuffle2_inverts(n):
   data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
   assert parts.unshuffle2(parts.shuffle2(data)) == data
+
+
+def test_unpack_runs_without_grain_or_lxml():
+  # The GPU machine gets grain from the wheels inside the parts, so unpack must
+  # import (and run its --help) before they are installed.
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  code = ("import sys\nfor m in ('grain', 'lxml', 'rdata', 'zstandard'): sys.modules[m] = None\n"
+          "import runpy\nsys.argv = ['unpack', '--help']\n"
+          "runpy.run_module('tetrajet_jax.data.unpack', run_name='__main__')\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert "--check-only" in proc.stdout
