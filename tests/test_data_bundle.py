@@ -28,7 +28,8 @@ def test_pack_and_locate_prefers_bundle(tmp_path, built):
   manifest = bundle.pack_bundle(out, tokenizers=("bpe300",), cache_dir=built, eval_tasks=(),
                                 wheels=False)
   assert set(manifest["files"]) == {f"tokenized/bpe300/{f}" for f in
-                                    ("manifest.json", "tokenizer.json", "train.npy", "val.npy")}
+                                    ("manifest.json", "tokenizer.json", "train.npy", "val.npy",
+                                     "val_prose.npy")}
   assert manifest["total_bytes"] == sum(f["bytes"] for f in manifest["files"].values())
   bundle.verify_bundle(out)
   data = locate.locate_data("bpe300", bundle_dir=out, cache_dir=built)

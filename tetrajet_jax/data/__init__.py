@@ -3,7 +3,8 @@
 Build once (registry access needed)::
 
     python -m tetrajet_jax.data.build            # corpus -> BPE 16k -> arrays
-    python -m tetrajet_jax.data.bundle --out .bundle   # carry to the GPU box
+    python -m tetrajet_jax.data.pack --out DIR   # parts of <= 48 MiB for the GPU box
+    python -m tetrajet_jax.data.unpack --parts DIR     # there: rebuild + verify into .bundle/
 
 Train::
 

@@ -17,12 +17,14 @@ import argparse
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import tokenizers as hf_tokenizers
 
-from tetrajet_jax.data import cache, corpus, eval_requests, sources, tokenized
+from tetrajet_jax.data import cache, corpus, eval_requests, mixture, sources, tokenized
+from tetrajet_jax.data import stats as stats_lib
 from tetrajet_jax.data import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,9 @@ class BuildConfig:
     vocab_size: BPE vocabulary size (ignored for dolma2).
     min_frequency: BPE minimum pair count.
     eval_tasks: downstream tasks whose request files to extract (empty: none).
+    bpe_sample_bytes: the BPE is trained on a hash-chosen sample of train
+      documents of about this many bytes (``None``: the whole train split);
+      bounds the trainer's time and memory on a large corpus.
   """
 
   corpus: corpus.CorpusConfig = dataclasses.field(default_factory=corpus.CorpusConfig)
@@ -45,6 +50,7 @@ class BuildConfig:
   vocab_size: int = 16384
   min_frequency: int = 2
   eval_tasks: tuple[str, ...] = eval_requests.DEFAULT_TASKS
+  bpe_sample_bytes: int | None = 150_000_000
 
   def __post_init__(self):
     if self.tokenizer not in ("bpe", tokenizer_lib.DOLMA2):
@@ -70,7 +76,8 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
     inputs = {"pin": tokenizer_lib.DOLMA2_PIN}
   else:
     inputs = {"corpus": corpus_manifest["sha256"], "vocab_size": config.vocab_size,
-              "min_frequency": config.min_frequency, "tokenizers": hf_tokenizers.__version__}
+              "min_frequency": config.min_frequency, "tokenizers": hf_tokenizers.__version__,
+              "sample_bytes": config.bpe_sample_bytes}
   meta = cache.read_json(meta_path)
   if meta and meta.get("inputs") == inputs and cache.file_matches(path, meta["sha256"]):
     log.info("tokenizer: %s up to date", path)
@@ -80,7 +87,10 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
     tok = tokenizer_lib.load_dolma2(config.corpus.packages_dir)
   else:
     log.info("tokenizer: training BPE %d on the train split", config.vocab_size)
-    texts = (t for _, _, t in corpus.iter_documents(config.corpus.corpus_dir, corpus_manifest, "train"))
+    train_bytes = sum(e["train_bytes"] for e in corpus_manifest["sources"].values())
+    share = 1.0 if config.bpe_sample_bytes is None else min(1.0, config.bpe_sample_bytes / train_bytes)
+    texts = (t for s, d, t in corpus.iter_documents(config.corpus.corpus_dir, corpus_manifest, "train")
+             if share >= 1.0 or corpus.split_key(config.corpus.seed + 3, s, d) < share)
     tok = tokenizer_lib.train_bpe(texts, vocab_size=config.vocab_size,
                                   min_frequency=config.min_frequency)
   tok.hf.save(str(path))
@@ -90,12 +100,18 @@ def build_tokenizer(config: BuildConfig, corpus_manifest: dict[str, Any]) -> tok
 
 
 def build(config: BuildConfig) -> dict[str, Any]:
-  """Runs every step; returns ``{"corpus": ..., "tokenized": ..., "eval": ...}``."""
+  """Runs every step; returns ``{"corpus", "tokenized", "tokenizer", "eval",
+  "eval_failed", "wall_seconds"}`` (wall time of each step of this run)."""
+  wall: dict[str, float] = {}
+  start = time.perf_counter()
   corpus_manifest = corpus.build_corpus(config.corpus)
+  wall["corpus"] = time.perf_counter() - start
   tok = build_tokenizer(config, corpus_manifest)
+  wall["tokenizer"] = time.perf_counter() - start - sum(wall.values())
   tok_manifest = tokenized.tokenize_corpus(
       tok, config.tokenized_dir, corpus_dir=config.corpus.corpus_dir,
       corpus_manifest=corpus_manifest, seed=config.corpus.seed)
+  wall["tokenize"] = time.perf_counter() - start - sum(wall.values())
   evals, eval_failed = {}, {}
   for task in config.eval_tasks:
     try:
@@ -103,8 +119,10 @@ def build(config: BuildConfig) -> dict[str, Any]:
     except Exception as e:  # pylint: disable=broad-except  (eval files are optional)
       log.warning("eval: skipping %s: %s: %s", task, type(e).__name__, e)
       eval_failed[task] = f"{type(e).__name__}: {e}"
+  wall["eval"] = time.perf_counter() - start - sum(wall.values())
+  wall["total"] = time.perf_counter() - start
   return {"corpus": corpus_manifest, "tokenized": tok_manifest, "tokenizer": tok,
-          "eval": evals, "eval_failed": eval_failed}
+          "eval": evals, "eval_failed": eval_failed, "wall_seconds": {k: round(v, 1) for k, v in wall.items()}}
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -139,11 +157,25 @@ def format_report(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def _source_names(spec: str) -> tuple[str, ...]:
+  if spec == "full":
+    return sources.DEFAULT_SOURCES
+  if spec == "demo":
+    return mixture.DEMO_SOURCES
+  return tuple(s for s in spec.split(",") if s)
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m tetrajet_jax.data.build", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--sources", default=",".join(sources.DEFAULT_SOURCES),
-                 help=f"comma-separated, from {list(sources.SOURCES)}")
+  p.add_argument("--sources", default="full",
+                 help="'full' (every source of the mixture table), 'demo' (the six small "
+                      f"sources: {','.join(mixture.DEMO_SOURCES)}) or a comma-separated list from "
+                      f"{list(sources.SOURCES)}")
+  p.add_argument("--stats-out", type=Path, default=None,
+                 help="also write the build statistics here (always in <cache>/stats.json)")
+  p.add_argument("--bpe-sample-mb", type=float, default=150.0,
+                 help="train the BPE on about this many MB of train documents (0: all)")
   p.add_argument("--tokenizer", default="bpe", choices=["bpe", tokenizer_lib.DOLMA2])
   p.add_argument("--vocab-size", type=int, default=16384)
   p.add_argument("--cache", type=Path, default=None, help="cache root (default <repo>/cache)")
@@ -160,18 +192,24 @@ def main(argv: list[str] | None = None) -> int:
   try:
     config = BuildConfig(
         corpus=corpus.CorpusConfig(
-            sources=tuple(s for s in args.sources.split(",") if s),
+            sources=_source_names(args.sources),
             cache_dir=cache.resolve_cache_dir(args.cache),
             max_docs_per_source=args.max_docs_per_source,
             val_fraction=args.val_fraction, seed=args.seed),
         tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+        bpe_sample_bytes=int(args.bpe_sample_mb * 1e6) or None,
         eval_tasks=() if args.no_eval else tuple(t for t in args.eval_tasks.split(",") if t))
     result = build(config)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(format_report(result))
-  print(f"\noutputs: {config.tokenized_dir}")
+  stats = stats_lib.collect_stats(result, wall_seconds=result["wall_seconds"],
+                                  cache_dir=config.corpus.cache_dir)
+  for path in filter(None, (config.corpus.cache_dir / "stats.json", args.stats_out)):
+    cache.write_json(path, stats)
+  print(f"\noutputs: {config.tokenized_dir}; wall time {result['wall_seconds']}; cache "
+        f"{stats['cache_disk_bytes'] / 2**30:.2f} GiB")
   return 0
 
 

@@ -68,6 +68,59 @@ def _copy(src: Path, dst: Path) -> None:
   shutil.copyfile(src, dst)
 
 
+def collect_files(
+    *,
+    tokenizers: tuple[str, ...] = ("bpe16384",),
+    cache_dir: Path | None = None,
+    eval_tasks: tuple[str, ...] = eval_requests.DEFAULT_TASKS,
+    wheels: bool = True,
+) -> tuple[dict[str, Path], dict[str, Any]]:
+  """What a bundle holds: bundle-relative path -> source file, plus metadata.
+
+  The eval ``manifest.json`` is written into the cache's ``eval/`` folder
+  (as ``bundle-manifest.json``) so that every entry is a file on disk.
+
+  Raises:
+    FileNotFoundError: the tokenized data is not built (names the command).
+    cache.CorruptCacheError: a cached array fails its checksum.
+  """
+  cache_dir = cache.resolve_cache_dir(cache_dir)
+  files: dict[str, Path] = {}
+  for name in tokenizers:
+    src = cache_dir / "tokenized" / name
+    manifest = cache.read_json(src / "manifest.json")
+    if manifest is None:
+      flag = "--tokenizer dolma2" if name == "dolma2" else f"--vocab-size {name.removeprefix('bpe')}"
+      raise FileNotFoundError(f"{src} is not built; run `{cache.BUILD_COMMAND} {flag}` first.")
+    for split in manifest["splits"]:
+      tokenized.load_split(src, split, verify=True)
+    for fname in ["manifest.json", "tokenizer.json", *(s["file"] for s in manifest["splits"].values())]:
+      files[f"tokenized/{name}/{fname}"] = src / fname
+  if eval_tasks:
+    eval_manifest = {}
+    for task in eval_tasks:
+      entry = eval_requests.prepare_task(task, cache_dir=cache_dir)
+      files[f"eval/{entry['file']}"] = cache_dir / "eval" / entry["file"]
+      eval_manifest[task] = entry
+    cache.write_json(cache_dir / "eval" / "bundle-manifest.json", eval_manifest)
+    files["eval/manifest.json"] = cache_dir / "eval" / "bundle-manifest.json"
+  if wheels:
+    for pin in gpu_wheel_pins():
+      whl = fetch.pypi_wheel(cache_dir / "packages", pin, platform_args=GPU_PLATFORM_ARGS,
+                             sub="gpu-wheels")
+      files[f"wheels/{whl.name}"] = whl
+  meta = {"tokenizers": list(tokenizers), "eval_tasks": list(eval_tasks),
+          "wheels": gpu_wheel_pins() if wheels else []}
+  return files, meta
+
+
+def bundle_manifest(files: dict[str, Path], meta: dict[str, Any]) -> dict[str, Any]:
+  """The bundle's ``manifest.json``: every file's size and sha256, plus ``meta``."""
+  entries = {rel: {"bytes": src.stat().st_size, "sha256": cache.sha256_file(src)}
+             for rel, src in sorted(files.items())}
+  return {"files": entries, "total_bytes": sum(e["bytes"] for e in entries.values()), **meta}
+
+
 def pack_bundle(
     out: Path,
     *,
@@ -82,47 +135,25 @@ def pack_bundle(
   Raises:
     FileNotFoundError: the tokenized data is not built (names the command).
     cache.CorruptCacheError: a cached array fails its checksum.
-    ValueError: the bundle would exceed ``max_bytes``, or ``out`` is a
-      non-empty folder that is not a bundle (it is never wiped then).
+    ValueError: the bundle would exceed ``max_bytes`` (use
+      ``python -m tetrajet_jax.data.pack`` then), or ``out`` is a non-empty
+      folder that is not a bundle (it is never wiped then).
   """
   out = Path(out)
-  cache_dir = cache.resolve_cache_dir(cache_dir)
   if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
     raise ValueError(f"{out} is a non-empty folder without a bundle manifest; pick another --out.")
+  files, meta = collect_files(tokenizers=tokenizers, cache_dir=cache_dir, eval_tasks=eval_tasks,
+                              wheels=wheels)
+  total = sum(src.stat().st_size for src in files.values())
+  if total > max_bytes:
+    raise ValueError(f"bundle is {total / 2**20:.1f} MiB > {max_bytes / 2**20:.0f} MiB; pack it into "
+                     "parts with `python -m tetrajet_jax.data.pack --out DIR` instead, or pack fewer "
+                     "tokenizers or eval tasks, or build a smaller corpus (--sources demo).")
   for sub in ("tokenized", "eval", "wheels"):
     shutil.rmtree(out / sub, ignore_errors=True)  # drop files of an older bundle
-  for name in tokenizers:
-    src = cache_dir / "tokenized" / name
-    manifest = cache.read_json(src / "manifest.json")
-    if manifest is None:
-      flag = "--tokenizer dolma2" if name == "dolma2" else f"--vocab-size {name.removeprefix('bpe')}"
-      raise FileNotFoundError(f"{src} is not built; run `{cache.BUILD_COMMAND} {flag}` first.")
-    for split in manifest["splits"]:
-      tokenized.load_split(src, split, verify=True)
-    for fname in ["manifest.json", "tokenizer.json", *(s["file"] for s in manifest["splits"].values())]:
-      _copy(src / fname, out / "tokenized" / name / fname)
-  if eval_tasks:
-    eval_manifest = {}
-    for task in eval_tasks:
-      entry = eval_requests.prepare_task(task, cache_dir=cache_dir)
-      _copy(cache_dir / "eval" / entry["file"], out / "eval" / entry["file"])
-      eval_manifest[task] = entry
-    cache.write_json(out / "eval" / "manifest.json", eval_manifest)
-  if wheels:
-    for pin in gpu_wheel_pins():
-      whl = fetch.pypi_wheel(cache_dir / "packages", pin, platform_args=GPU_PLATFORM_ARGS,
-                             sub="gpu-wheels")
-      _copy(whl, out / "wheels" / whl.name)
-  files = {}
-  for path in sorted(p for p in out.rglob("*") if p.is_file() and p != out / "manifest.json"):
-    rel = path.relative_to(out).as_posix()
-    files[rel] = {"bytes": path.stat().st_size, "sha256": cache.sha256_file(path)}
-  total = sum(f["bytes"] for f in files.values())
-  if total > max_bytes:
-    raise ValueError(f"bundle is {total / 2**20:.1f} MiB > {max_bytes / 2**20:.0f} MiB; pack fewer "
-                     "tokenizers or eval tasks, or build a smaller corpus (--max-docs-per-source).")
-  manifest = {"files": files, "total_bytes": total, "tokenizers": list(tokenizers),
-              "eval_tasks": list(eval_tasks), "wheels": gpu_wheel_pins() if wheels else []}
+  for rel, src in files.items():
+    _copy(src, out / rel)
+  manifest = bundle_manifest(files, meta)
   cache.write_json(out / "manifest.json", manifest)
   return manifest
 

@@ -19,11 +19,12 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tetrajet_jax.data import cache
+from tetrajet_jax.data import cache, dedup, mixture
 from tetrajet_jax.data import sources as sources_lib
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class CorpusConfig:
     return self.cache_dir / "packages"
 
 
-def _split_key(seed: int, source: str, doc_id: str) -> float:
+def split_key(seed: int, source: str, doc_id: str) -> float:
   digest = hashlib.sha256(f"{seed}\x00{source}\x00{doc_id}".encode()).digest()
   return int.from_bytes(digest[:8], "big") / 2.0**64
 
@@ -84,7 +85,7 @@ def assign_splits(
   lowest-hash document is moved to validation, the highest to train), so a
   capped source still contributes to both.
   """
-  keys = [_split_key(seed, source, d) for d in doc_ids]
+  keys = [split_key(seed, source, d) for d in doc_ids]
   splits = ["val" if k < val_fraction else "train" for k in keys]
   if len(doc_ids) >= 2:
     if "val" not in splits:
@@ -97,9 +98,41 @@ def assign_splits(
 def _source_fingerprint(config: CorpusConfig, source: sources_lib.Source) -> str:
   return cache.fingerprint({
       "source": source.name, "version": source.version,
-      "max_docs": config.max_docs_per_source,
-      "val_fraction": config.val_fraction, "seed": config.seed, "format": 1,
+      "max_docs": config.max_docs_per_source, "cap_bytes": mixture.entry(source.name).cap_bytes,
+      "val_fraction": config.val_fraction, "seed": config.seed, "format": 2,
   })
+
+
+def select_documents(
+    name: str, docs: list[tuple[str, str]], *, cap_bytes: int | None, seed: int
+) -> tuple[list[tuple[str, str]], dict[str, int]]:
+  """Drops exact and near duplicates and applies the byte cap.
+
+  Documents are visited in a seeded hash order of their ids (so a cap keeps a
+  spread sample whose membership does not depend on file order); the first
+  of each duplicate group in that order is kept; visiting stops once the
+  kept bytes reach ``cap_bytes``.
+
+  Returns:
+    The kept documents sorted by id, and counts ``{"dropped_exact",
+    "dropped_near", "dropped_cap", "loaded_docs", "loaded_bytes"}``.
+  """
+  order = sorted(range(len(docs)), key=lambda i: split_key(seed + 1, name, docs[i][0]))
+  dd = dedup.Deduplicator(seed=seed)
+  kept, total = [], 0
+  stats = {"dropped_exact": 0, "dropped_near": 0, "dropped_cap": 0, "loaded_docs": len(docs),
+           "loaded_bytes": sum(len(t.encode("utf-8")) for _, t in docs)}
+  for rank, i in enumerate(order):
+    if cap_bytes is not None and total >= cap_bytes:
+      stats["dropped_cap"] = len(order) - rank
+      break
+    verdict = dd.check(docs[i][1])
+    if verdict is not None:
+      stats[f"dropped_{verdict}"] += 1
+      continue
+    kept.append(docs[i])
+    total += len(docs[i][1].encode("utf-8"))
+  return sorted(kept), stats
 
 
 def _build_source(config: CorpusConfig, source: sources_lib.Source) -> dict[str, Any]:
@@ -112,6 +145,8 @@ def _build_source(config: CorpusConfig, source: sources_lib.Source) -> dict[str,
     docs = docs[: config.max_docs_per_source]
   if not docs:
     raise ValueError(f"source {source.name} produced no documents")
+  row = mixture.entry(source.name)
+  docs, selection = select_documents(source.name, docs, cap_bytes=row.cap_bytes, seed=config.seed)
   splits = assign_splits(source.name, [d for d, _ in docs],
                          val_fraction=config.val_fraction, seed=config.seed)
   path = config.corpus_dir / f"{source.name}.jsonl"
@@ -128,7 +163,8 @@ def _build_source(config: CorpusConfig, source: sources_lib.Source) -> dict[str,
       "file": path.name, "sha256": cache.sha256_file(path),
       "fingerprint": _source_fingerprint(config, source),
       "version": source.version, "description": source.description,
-      "docs": len(docs), "bytes": counts["train_bytes"] + counts["val_bytes"], **counts,
+      "group": row.group, "weight": row.weight, "cap_bytes": row.cap_bytes, "licence": row.licence,
+      "docs": len(docs), "bytes": counts["train_bytes"] + counts["val_bytes"], **counts, **selection,
   }
 
 
@@ -169,7 +205,15 @@ def build_corpus(
       continue
     try:
       log.info("corpus: building %s", name)
+      start = time.perf_counter()
       used[name] = _build_source(config, source)
+      used[name]["build_seconds"] = round(time.perf_counter() - start, 1)
+      log.info("corpus: %s: %d docs, %d bytes (%d loaded, %d exact + %d near dups, %d over cap) "
+               "in %.1f s", name, used[name]["docs"], used[name]["bytes"], used[name]["loaded_docs"],
+               used[name]["dropped_exact"], used[name]["dropped_near"], used[name]["dropped_cap"],
+               used[name]["build_seconds"])
+      # Record progress now, so an interrupted build resumes after this source.
+      cache.write_json(manifest_path, {"sources": {**old, **used}, "failed": {}, "partial": True})
     except Exception as e:  # pylint: disable=broad-except  (skip, do not crash)
       log.warning("corpus: skipping source %r: %s: %s", name, type(e).__name__, e)
       failed[name] = f"{type(e).__name__}: {e}"

@@ -121,6 +121,16 @@ def pypi_wheel(
   return _record(packages_dir, key, dest)
 
 
+def pypi_sdist(packages_dir: Path, requirement: str) -> Path:
+  """Downloads one source distribution (``name==version``, a ``.tar.gz``)."""
+  key = f"pypi-sdist:{requirement}"
+  if (hit := _cached(packages_dir, key)) is not None:
+    return hit
+  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+         "--disable-pip-version-check", "-q", "-d", ".", requirement]
+  return _download_into_fresh_dir(packages_dir, "pypi", key, cmd, "*.tar.gz")
+
+
 def npm_tarball(packages_dir: Path, spec: str) -> Path:
   """``npm pack name@version``: the package tarball, without installing it."""
   key = f"npm:{spec}"

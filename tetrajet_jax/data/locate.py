@@ -62,6 +62,11 @@ class DataPaths:
     """Memory-mapped token stream of ``"train"`` or ``"val"``."""
     return tokenized.load_split(self.root, split, verify=verify)
 
+  def val_group_paths(self) -> dict[str, Path]:
+    """``{group: val_<group>.npy}`` (``prose``, ``code``): the held-out
+    documents of each source group; empty for data built before groups."""
+    return {g: self.split_path(split) for g, split in sorted(self.manifest.get("val_groups", {}).items())}
+
   def tokenizer(self) -> Tokenizer:
     return Tokenizer.from_file(self.tokenizer_json, name=self.root.name)
 

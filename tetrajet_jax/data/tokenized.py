@@ -8,6 +8,12 @@ Documents are ordered by a seeded shuffle across sources so that packed
 sequences that straddle a boundary mix sources, independently of the order
 of files on disk.
 
+Train documents appear ``weight`` times (the mixture table's per-source
+weight; see `mixture`). Besides ``val.npy``, each source group has its own
+validation stream ``val_<group>.npy`` (same layout, that group's held-out
+documents), listed in the manifest as split ``val_<group>`` and in
+``val_groups``; per-group sums add up to the whole validation set.
+
 ``manifest.json`` records the corpus checksum and tokenizer checksum it was
 built from and each array's checksum; `load_split` verifies them.
 """
@@ -21,16 +27,26 @@ from typing import Any
 
 import numpy as np
 
-from tetrajet_jax.data import cache, corpus
+from tetrajet_jax.data import cache, corpus, mixture
 from tetrajet_jax.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 _ENCODE_CHUNK = 512  # documents per encode_batch call: bounds peak memory
 
 
+def copies(weight: float, source: str, doc_id: str, seed: int) -> int:
+  """How often a train document appears: ``floor(weight)`` plus one more for
+  a hash-chosen ``weight - floor(weight)`` share of the documents."""
+  whole = int(weight)
+  frac = weight - whole
+  return whole + (1 if frac > 0 and corpus.split_key(seed + 2, source, doc_id) < frac else 0)
+
+
 def _encode_split(
     tok: Tokenizer, docs: list[tuple[str, str, str]], seed: int
 ) -> tuple[np.ndarray, dict[str, dict[str, int]]]:
+  """EOS-joined tokens of ``docs`` in a seeded shuffle, and per-source counts
+  (``docs``/``bytes``/``tokens`` count each occurrence)."""
   order = list(range(len(docs)))
   random.Random(seed).shuffle(order)
   pieces = [np.array([tok.eos_id], tok.dtype)]
@@ -44,6 +60,20 @@ def _encode_split(
       stats["bytes"] += len(text.encode("utf-8"))
       stats["tokens"] += len(ids)
   return np.concatenate(pieces), per_source
+
+
+def _split_docs(corpus_dir: Path, corpus_manifest: dict[str, Any], seed: int
+                ) -> dict[str, list[tuple[str, str, str]]]:
+  """Documents of each stream: ``train`` (weighted), ``val`` and ``val_<group>``."""
+  streams: dict[str, list[tuple[str, str, str]]] = {"train": [], "val": []}
+  for source, doc_id, text in corpus.iter_documents(corpus_dir, corpus_manifest, "train"):
+    weight = corpus_manifest["sources"][source].get("weight", mixture.entry(source).weight)
+    streams["train"].extend([(source, doc_id, text)] * copies(weight, source, doc_id, seed))
+  for source, doc_id, text in corpus.iter_documents(corpus_dir, corpus_manifest, "val"):
+    group = corpus_manifest["sources"][source].get("group", mixture.entry(source).group)
+    streams["val"].append((source, doc_id, text))
+    streams.setdefault(f"val_{group}", []).append((source, doc_id, text))
+  return streams
 
 
 def tokenize_corpus(
@@ -64,7 +94,7 @@ def tokenize_corpus(
   """
   out_dir = Path(out_dir)
   tok_sha = cache.sha256_bytes(tok.hf.to_str().encode())
-  inputs = {"corpus": corpus_manifest["sha256"], "tokenizer": tok_sha, "seed": seed, "format": 1}
+  inputs = {"corpus": corpus_manifest["sha256"], "tokenizer": tok_sha, "seed": seed, "format": 2}
   old = cache.read_json(out_dir / "manifest.json")
   if old and old.get("inputs") == inputs and all(
       cache.file_matches(out_dir / s["file"], s["sha256"]) for s in old["splits"].values()):
@@ -72,8 +102,7 @@ def tokenize_corpus(
     return old
   out_dir.mkdir(parents=True, exist_ok=True)
   splits = {}
-  for split in corpus.SPLITS:
-    docs = list(corpus.iter_documents(corpus_dir, corpus_manifest, split))
+  for split, docs in _split_docs(corpus_dir, corpus_manifest, seed).items():
     if not docs:
       raise ValueError(f"the {split} split is empty; build a corpus with more documents "
                        "(raise --max-docs-per-source or add sources).")
@@ -89,6 +118,7 @@ def tokenize_corpus(
   manifest = {
       "inputs": inputs, "tokenizer": tok.name, "vocab_size": tok.vocab_size,
       "eos_id": tok.eos_id, "pad_id": tok.pad_id, "splits": splits,
+      "val_groups": {s.removeprefix("val_"): s for s in splits if s.startswith("val_")},
   }
   cache.write_json(out_dir / "manifest.json", manifest)
   return manifest

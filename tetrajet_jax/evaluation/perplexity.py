@@ -68,6 +68,21 @@ def evaluate_perplexity(
   Raises:
     ValueError: no batch held any weighted target.
   """
+  sums = accumulate_sums(logits_fn, batches, token_bytes=token_bytes, max_batches=max_batches)
+  return summarize_perplexity(*sums, has_bytes=token_bytes is not None)
+
+
+Sums = tuple[float, float, float]  # (summed NLL in nats, scored tokens, their UTF-8 bytes)
+
+
+def accumulate_sums(
+    logits_fn: LogitsFn,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    token_bytes: np.ndarray | None = None,
+    max_batches: int | None = None,
+) -> Sums:
+  """``(nll_sum, tokens, bytes)`` over batches (see `evaluate_perplexity`)."""
   nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
   tb = None
   for i, batch in enumerate(batches):
@@ -85,7 +100,7 @@ def evaluate_perplexity(
     nll_sum += float(nll)
     n_tok += float(count)
     n_bytes += float(nb)
-  return summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=token_bytes is not None)
+  return nll_sum, n_tok, n_bytes
 
 
 def summarize_perplexity(nll_sum: float, n_tok: float, n_bytes: float, *, has_bytes: bool) -> dict[str, float]:
@@ -101,3 +116,58 @@ def summarize_perplexity(nll_sum: float, n_tok: float, n_bytes: float, *, has_by
   bpb = nll_sum / (math.log(2) * n_bytes) if has_bytes and n_bytes > 0 else math.nan
   return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bits_per_byte": bpb,
           "tokens": n_tok, "bytes": n_bytes}
+
+
+OVERALL = "overall"
+
+
+def summarize_groups(sums: Mapping[str, Sums], *, has_bytes: bool) -> dict[str, dict[str, float]]:
+  """Metrics of each source group (``prose``, ``code``) and ``overall``.
+
+  ``overall`` adds the groups' sums, so it is the token-weighted loss and the
+  byte-weighted bits per byte of all groups together (the whole validation
+  set when ``sums`` covers every group).
+
+  Raises:
+    ValueError: ``sums`` is empty, a group is named ``overall``, or no token
+      was scored at all. A group with no scored token is left out.
+  """
+  if not sums or OVERALL in sums:
+    raise ValueError(f"sums must map group names (not {OVERALL!r}) to (nll, tokens, bytes); "
+                     f"got {sorted(sums)}.")
+  total = tuple(float(sum(s[i] for s in sums.values())) for i in range(3))
+  out = {g: summarize_perplexity(*s, has_bytes=has_bytes) for g, s in sorted(sums.items()) if s[1] > 0}
+  out[OVERALL] = summarize_perplexity(*total, has_bytes=has_bytes)
+  return out
+
+
+def evaluate_perplexity_groups(
+    logits_fn: LogitsFn,
+    group_batches: Mapping[str, Iterable[Mapping[str, np.ndarray]]],
+    *,
+    token_bytes: np.ndarray | None = None,
+    max_batches: int | None = None,
+) -> dict[str, dict[str, float]]:
+  """`evaluate_perplexity` per source group, plus ``overall`` (see `summarize_groups`).
+
+  Args:
+    logits_fn: as for `evaluate_perplexity`.
+    group_batches: group name -> its validation batches (e.g.
+      ``make_val_dataset(data.val_group_paths()[g], ...)``).
+    token_bytes: as for `evaluate_perplexity`.
+    max_batches: per group.
+  """
+  sums = {g: accumulate_sums(logits_fn, b, token_bytes=token_bytes, max_batches=max_batches)
+          for g, b in group_batches.items()}
+  return summarize_groups(sums, has_bytes=token_bytes is not None)
+
+
+def flatten_group_metrics(metrics: Mapping[str, Mapping[str, float]], prefix: str = "val"
+                          ) -> dict[str, float]:
+  """``{"val/loss": overall loss, "val/prose/loss": ..., "val/code/bits_per_byte": ...}``
+  for loggers that take flat scalar names."""
+  flat = {}
+  for group, values in metrics.items():
+    head = prefix if group == OVERALL else f"{prefix}/{group}"
+    flat.update({f"{head}/{k}": float(v) for k, v in values.items()})
+  return flat
