@@ -4,7 +4,11 @@
 # and puts the repo and /tmp/site on PYTHONPATH. Needs $LOG.
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 shopt -s nullglob  # a missing folder contributes no wheels
-wheels=(.bundle/wheels/*.whl .whl/*.whl)
+wheels=()
+declare -A seen  # one copy of each wheel (the bundle and .whl may both carry grain)
+for w in .bundle/wheels/*.whl .whl/*.whl; do
+  [ -n "${seen[$(basename "$w")]:-}" ] || { seen[$(basename "$w")]=1; wheels+=("$w"); }
+done
 shopt -u nullglob
 python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -93,6 +93,7 @@ def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
     while steps % splits:
       splits -= 1
     return [(f"tma{'-staged' if staged else ''}",
-             lambda v, staged=staged: tma_copy(v, block_cols=block_cols, col_splits=splits, staged=staged))
+             lambda v, staged=staged: tma_copy(v, block_cols=block_cols, col_splits=splits, staged=staged,
+                                               max_concurrent_steps=3 if staged else 4))  # shared memory
             for staged in (False, True)]
   return [("xla", lambda v: -v)]
