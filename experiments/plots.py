@@ -145,7 +145,7 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss",
 
 
 def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Drops the leading zeros: the metrics read 0 until the first window ends,
+  """Drops the zeros before the first window: the metrics read 0 until the first window ends,
   which means "not measured yet", and drawing them as a measured 0 would
   suggest a jump when the first window closes."""
   nz = np.flatnonzero(values)

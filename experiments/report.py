@@ -49,7 +49,7 @@ DEFAULT_OUT = REPO_ROOT / "docs/RESULTS.md"
 DEFAULT_FIGURES = REPO_ROOT / "docs/results"
 
 # The paper's reference figures: TetraJet-v2, Chen et al., arXiv 2510.27527
-# (summarised in ../shared/spec/TETRAJET_V2.md, section 6).
+# (summarised in docs/SPEC.md, section 6).
 PAPER = "TetraJet-v2 (Chen et al., arXiv 2510.27527)"
 PAPER_MODEL = "370M"
 PAPER_PPL = {"bf16": 23.70, "tetrajet_v2_full": 25.11, "nvidia_nvfp4": 26.20}  # at PAPER_MODEL

@@ -1,4 +1,4 @@
-"""Independent reference of the quantized linear layer's three GEMMs (spec 2),
+"""Independent reference of the quantized linear layer's three GEMMs (docs/SPEC.md section 2),
 in NumPy float64 on top of tests/numpy_reference.py.
 
 Stochastic rounding draws: the reference uses the layer's documented

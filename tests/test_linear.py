@@ -1,4 +1,4 @@
-"""The quantized linear layer against independent references (spec 2, 4, 5)."""
+"""The quantized linear layer against independent references (docs/SPEC.md sections 2, 4, 5)."""
 
 from __future__ import annotations
 

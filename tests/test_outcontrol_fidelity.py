@@ -1,4 +1,4 @@
-"""OutControl as the reference does it (spec 3, 4): OsciReset's Q(w) is the
+"""OutControl as the reference does it (docs/SPEC.md sections 3, 4): OsciReset's Q(w) is the
 forward's W_hat bitwise in an OutControl layer, descending-norm channel
 order in both parts and through a checkpoint, any outlier count (FP4 part
 zero-padded along K) in the forward and the backward, the effective

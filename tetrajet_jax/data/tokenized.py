@@ -1,7 +1,7 @@
 """Tokenizes the corpus into one EOS-joined token stream per split.
 
 ``tokenized/<tokenizer>/{train,val}.npy`` hold ``[EOS, doc, EOS, doc, ...]``
-as uint16 (vocabulary <= 65536) or uint32. The leading EOS makes every
+as uint16 (vocabulary <= 65536) or uint32. The EOS in front makes every
 document token a prediction target, so the split's byte count is exactly the
 bytes the validation loss is measured on (bits per byte stays exact).
 Documents are ordered by a seeded shuffle across sources so that packed

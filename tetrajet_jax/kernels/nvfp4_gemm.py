@@ -1,6 +1,6 @@
 """Exact NVFP4 GEMM on Hopper: bf16 wgmma per 128-wide K chunk, FP32 promotion.
 
-Math (spec section 1, exactness note). For operands quantized along K with
+Math (docs/SPEC.md section 1, exactness note). For operands quantized along K with
 1x16 E4M3 inner scales inside 1x128 FP32 outer scales,
 
   out[m, n] = sum_c  (sum_{k in chunk c} qa[m,k] * qb[n,k]) * (sa[m,c] * sb[n,c])
@@ -11,7 +11,7 @@ FP32 product sa[m,c] * sb[n,c] and adds it to the running FP32 sum
 ("promotion", as in the reference SM120 kernel). The only roundings are FP32
 accumulation order and the final cast to out_dtype.
 
-Design ("operand" design, issue 7 item 2, second option): the exact bf16
+Design (the "operand" design): the exact bf16
 operand q * s_in is materialized (by `nvfp4_bf16_operand`, or fused in the
 quantizer kernel) and the GEMM streams bf16 tiles through TMA. Warp-specialized
 pipeline: one memory warpgroup issues TMA loads of A [tm, 128], B [2 tn, 128]

@@ -2,7 +2,7 @@
 
 Bitwise contract: codes, E4M3 inner scales and FP32 outer scales equal
 `tetrajet_jax.numerics.quantize_nvfp4(x, axis=-1)` (the reference below), i.e.
-spec section 1 to the bit:
+docs/SPEC.md section 1 to the bit:
   s_out = amax_128 / 448 / 6 (two IEEE divisions; 0 -> 1; NaN if the block
           holds NaN/Inf),
   s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),

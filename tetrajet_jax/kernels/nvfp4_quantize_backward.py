@@ -1,9 +1,9 @@
 """Fused backward NVFP4 quantizer: RHT-16, double-block scales, stochastic rounding.
 
 Computes, in one read of the input, the operands Q3..Q6 of the TetraJet-v2
-backward (spec section 2): y = (1/4) H16 diag(signs) x on every 16-chunk along
+backward (docs/SPEC.md section 2): y = (1/4) H16 diag(signs) x on every 16-chunk along
 the quantized axis, then the double-block scales of y exactly as
-`tetrajet_jax.numerics.quantize_nvfp4` computes them (spec section 1, same
+`tetrajet_jax.numerics.quantize_nvfp4` computes them (docs/SPEC.md section 1, same
 formulas and divisions as `nvfp4_quantize.py`), then unbiased stochastic
 rounding with the counter-based random bits the XLA quantizer uses.
 

@@ -1,6 +1,6 @@
 """The quantized linear layer: y = x @ kernel with NVFP4 forward and backward.
 
-Notation follows spec 2 with Flax's layout: x [M, K], kernel [K, N] (= W^T),
+Notation follows docs/SPEC.md section 2 with Flax's layout: x [M, K], kernel [K, N] (= W^T),
 y [M, N]. The three GEMMs and their quantizers:
 
   forward  Y  = Q1(X) . Q2(W)                 both along K
@@ -13,7 +13,7 @@ gradient estimates are unbiased for the computation the forward really did:
 E[dX] = dY W_hat, E[dW] = X_hat^T dY. The same RHT on both operands of a GEMM
 cancels in the product (H^T H = I).
 
-OutControl (spec 4): `outlier_idx` names input channels that run in MXFP8 in
+OutControl (docs/SPEC.md section 4): `outlier_idx` names input channels that run in MXFP8 in
 the forward and in the weight gradient (no RHT, no SR there); the input
 gradient stays all-FP4 from the assembled W_hat. The FP4 part gathers the
 other channels in the order `fp4_idx` gives (QuantLinear: descending

@@ -1,6 +1,6 @@
 """Recipes: which quantizer runs where in the quantized linear layer.
 
-A recipe is a frozen dataclass with one switch per quantizer (spec 2: Q1..Q6)
+A recipe is a frozen dataclass with one switch per quantizer (docs/SPEC.md section 2: Q1..Q6)
 and per transform, so an ablation is a `dataclasses.replace` away. Named
 presets live in PRESETS; `get(name)` returns one.
 
@@ -55,7 +55,7 @@ class Recipe:
       "tensor" = NVIDIA's one FP32 scale per tensor.
     weight_block_2d: 16x16 inner blocks for the weight (NVIDIA), so Q2 and
       Q4 quantize W identically.
-    q1..q6: the six quantizers (spec 2 table).
+    q1..q6: the six quantizers (docs/SPEC.md section 2 table).
     rht_dgrad: RHT-16 along N on both dX operands (Q3, Q4).
     rht_wgrad: RHT-16 along M on both dW operands (Q5, Q6).
     rht_fixed_signs: one fixed sign vector (NVIDIA) instead of fresh signs

@@ -38,7 +38,7 @@ class ModelConfig:
       elsewhere: every arm, bf16 included, gets the fastest attention of the
       device), ``"xla"`` (einsum, any backend) or ``"cudnn"``
       (`jax.nn.dot_product_attention` flash kernel, GPU only).
-    peak_lr: default peak learning rate for this size (spec 6: 4e-4 for 70M,
+    peak_lr: default peak learning rate for this size (docs/SPEC.md section 6: 4e-4 for 70M,
       3e-4 for 150M/370M; small models take larger ones).
   """
 

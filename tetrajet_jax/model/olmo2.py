@@ -1,6 +1,6 @@
 """OLMo-2 style decoder in Flax NNX with quantized block linears.
 
-Architecture (OLMo-2, spec 6): token embedding -> L blocks -> RMSNorm ->
+Architecture (OLMo-2, docs/SPEC.md section 6): token embedding -> L blocks -> RMSNorm ->
 LM head (untied). Each block, with ``norm_after`` (the norm is applied to the
 sublayer's output, before the residual add)::
 

@@ -12,12 +12,12 @@ so initializers and checkpoints carry over. Extra state, all NNX Variables
   OutControlChannels  `oc_channels`: the frozen outlier channel indices (int32,
                       fixed count); `oc_fp4_channels`: the other channels in
                       the order the FP4 part gathers them. Both follow
-                      descending accumulated norm (spec 4).
+                      descending accumulated norm (docs/SPEC.md section 4).
 
 OutControl phases (a static attribute; changing it retraces):
   "fp4"        pure FP4 (before calibration),
   "calibrate"  pure FP4, and accumulate per-channel ||x||_2 each call,
-  "frozen"     the top-p channels run in MXFP8 (spec 4).
+  "frozen"     the top-p channels run in MXFP8 (docs/SPEC.md section 4).
 
 The outlier count is `outlier_count(K, p, recipe.outlier_rounding)`;
 `outlier_fractions` reports the effective fraction n/K per layer.
@@ -175,7 +175,7 @@ def set_outcontrol_phase(model: nnx.Module, phase: str) -> None:
 def freeze_outlier_channels(model: nnx.Module) -> dict[str, int]:
   """Freezes each OutControl layer's channel order: descending accumulated
   norm (ties by index); the first n run in MXFP8, the rest in FP4 in that
-  order (spec 4).
+  order (docs/SPEC.md section 4).
 
   Returns {layer path: channel count}. Raises if a layer saw no calibration
   data (its statistics are all zero): run phase "calibrate" first.

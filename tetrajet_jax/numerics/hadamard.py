@@ -1,4 +1,4 @@
-"""Random Hadamard transform on 16-element chunks (RHT-16, spec 2).
+"""Random Hadamard transform on 16-element chunks (RHT-16, docs/SPEC.md section 2).
 
 y = (1/4) H16 D x on each contiguous 16-chunk along `axis`, H16 the Sylvester
 Hadamard matrix and D = diag(signs), signs in {-1, +1} drawn from `key`.

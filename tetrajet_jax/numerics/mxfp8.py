@@ -1,5 +1,5 @@
 """MXFP8 (OCP microscaling FP8): E4M3 elements with one E8M0 (power of two)
-scale per 1x32 block. Used for OutControl's retained outlier channels (spec 4).
+scale per 1x32 block. Used for OutControl's retained outlier channels (docs/SPEC.md section 4).
 
 Scale: 2^ceil(log2(amax / 448)), so every scaled element fits E4M3 without
 saturating; elements are rounded to E4M3 with ties to even.

@@ -1,6 +1,6 @@
 """NVFP4 quantization: E2M1 elements with E4M3 inner scales, and either
 double-block FP32 outer scales (TetraJet-v2) or one FP32 scale per tensor
-(NVIDIA's recipe). Spec: shared/spec/TETRAJET_V2.md sections 1 and 5.
+(NVIDIA's recipe). Method: docs/SPEC.md sections 1 and 5.
 
 Element rule: s = fp32(s_in * s_out), r = fp32(1 / s) correctly rounded once
 per 16-block, q = round_E2M1(fp32(x * r)) saturating at +-6: elements are
@@ -128,9 +128,9 @@ def _inner_scales(amax_in: jax.Array, s_out: jax.Array) -> jax.Array:
 
 def _outer_scale(amax: jax.Array, finite: jax.Array, scaling: str) -> jax.Array:
   if scaling == "block":
-    s = div_by_constant(div_by_constant(amax, E4M3_MAX), E2M1_MAX)  # spec 1: this order, FP32
+    s = div_by_constant(div_by_constant(amax, E4M3_MAX), E2M1_MAX)  # docs/SPEC.md section 1: this order, FP32
   else:
-    s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)  # spec 5: NVIDIA's per-tensor scale
+    s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)  # docs/SPEC.md section 5: NVIDIA's per-tensor scale
   s = jnp.where(s == 0, 1.0, s)
   return lax.optimization_barrier(jnp.where(finite, s, jnp.nan))
 

@@ -1,4 +1,4 @@
-"""Oscillation diagnostics (spec section 7) for experiments and plots.
+"""Oscillation diagnostics (docs/SPEC.md section 7) for experiments and plots.
 
 All functions take a single array or any parameter tree; on a tree they look
 at the leaves the filter selects (default: the quantized linears' kernels,

@@ -1,5 +1,5 @@
 """OsciReset: find FP4 weights that oscillate between two grid values and reset
-their master weights onto the value they keep landing on (spec section 3).
+their master weights onto the value they keep landing on (docs/SPEC.md section 3).
 
 For every element of every tracked weight, with Q the forward quantizer:
   D_Q = sum_t |Q(w_t) - Q(w_{t-1})|,  D_W = sum_t |w_t - w_{t-1}|

@@ -3,7 +3,7 @@ filter, and string paths of parameter-tree leaves.
 
 The quantized linear keeps Flax's kernel layout [in, out] and quantizes it
 along `in` (axis 0, the GEMM's reduction axis) with RTN double-block NVFP4
-(spec section 1). `NVFP4WeightQuantizer` is that quantizer, plus the latent
+(docs/SPEC.md section 1). `NVFP4WeightQuantizer` is that quantizer, plus the latent
 value w / s (s = s_in * s_out, the element's scale) that the memory-lean
 variant and the diagnostics need. In an OutControl layer the forward
 quantizes only the FP4 rows, gathered in the layer's FP4 order; given those
@@ -84,7 +84,7 @@ class NVFP4WeightQuantizer:
 
     0 on a threshold (the midpoint between two E2M1 neighbours), 0.5 on a grid
     value; beyond the saturation value 6 it keeps growing. This is the
-    memory-lean variant's score (spec 3: |w/s - q| / bin width, measured from
+    memory-lean variant's score (docs/SPEC.md section 3: |w/s - q| / bin width, measured from
     the decision edge): small means one small step flips Q(w).
     """
     return e2m1_edge_distance(self.latent(w, rows))

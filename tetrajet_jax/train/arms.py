@@ -30,7 +30,7 @@ class Arm:
     recipe: linear-layer recipe name (`tetrajet_jax.linear.recipes.get`).
     oscireset: chain OsciReset after AdamW.
     bf16_last_fraction: this fraction of the blocks (the last ones, rounded
-      up) keeps bf16 linears (NVIDIA's recipe keeps ~15%, spec 5).
+      up) keeps bf16 linears (NVIDIA's recipe keeps ~15%, docs/SPEC.md section 5).
     description: one line for tables and ``--help``.
   """
 
@@ -83,7 +83,7 @@ ARMS: dict[str, Arm] = {
     for a in (
         Arm(name="bf16", recipe="bf16", description="bf16 GEMMs (the reference)"),
         Arm(name="nvidia_nvfp4", recipe="nvidia_nvfp4", bf16_last_fraction=0.15,
-            description="NVIDIA's NVFP4 recipe (spec 5)"),
+            description="NVIDIA's NVFP4 recipe (docs/SPEC.md section 5)"),
         Arm(name="tetrajet_v2", recipe="tetrajet_v2", description="TetraJet-v2 base"),
         Arm(name="tetrajet_v2_outcontrol", recipe="tetrajet_v2_outcontrol",
             description="base + OutControl"),

@@ -31,7 +31,7 @@ class TrainConfig:
       default 95.3% of total_steps (the paper's 70M ratio).
     peak_lr: default: the model config's ``peak_lr``.
     final_lr_ratio: the LR floor (at t_max and after) as a fraction of peak (0.1).
-    weight_decay, b1, b2, eps, clip_norm: AdamW and clipping (spec 6).
+    weight_decay, b1, b2, eps, clip_norm: AdamW and clipping (docs/SPEC.md section 6).
     seed: model init and quantization key streams.
     data_seed: shuffle seed of the training windows.
     osci_start, osci_period, osci_window, osci_threshold: OsciReset

@@ -1,6 +1,6 @@
 """Learning-rate schedule and the method's step windows, scaled to a run.
 
-LR (spec 6, in tokens; a run has a fixed number of tokens per step, so the
+LR (docs/SPEC.md section 6, in tokens; a run has a fixed number of tokens per step, so the
 token points are step points): linear warmup from ``peak/warmup`` to
 ``peak`` over ``warmup_steps``, cosine decay to ``final_ratio * peak``
 (0.1x) at ``t_max_steps``, then flat at that floor until the last step.
@@ -8,7 +8,7 @@ Defaults (`default_lr_steps`) scale the paper's 70M run: warmup 1e9 tokens
 = 2% of t_max = 50e9 tokens, and t_max = 50e9 of the run's 12,505 x 1024 x
 4096 tokens (95.3% of the run).
 
-OsciReset (spec 3): window T = 50 and period P = 200 as in the reference;
+OsciReset (docs/SPEC.md section 3): window T = 50 and period P = 200 as in the reference;
 only the start S moves, to the same point of the run's own schedule as the
 reference's step 8000 of 12,505 (the same cosine-decay progress, 0.664,
 where the LR is 0.33x peak). The reset is the update after each window. A
@@ -31,7 +31,7 @@ import math
 
 import jax.numpy as jnp
 
-# The paper's 70M run (spec 6): tokens per step, steps, warmup and t_max in tokens, OsciReset start.
+# The paper's 70M run (docs/SPEC.md section 6): tokens per step, steps, warmup and t_max in tokens, OsciReset start.
 REF_TOKENS_PER_STEP = 1024 * 4096
 REF_TOTAL_STEPS = 12505
 REF_WARMUP_TOKENS = 1e9
