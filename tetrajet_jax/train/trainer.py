@@ -326,8 +326,10 @@ class Trainer:
         padded_token_bytes(self.data.token_bytes, self.model_config.padded_vocab), self.mesh)
     return ds, tb
 
-  def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, float]:
-    """Validation loss, perplexity and bits per byte (None: the whole split).
+  def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """Validation loss, perplexity and bits per byte (None: the whole split),
+    plus ``batch_losses`` (mean loss of each validation batch) and
+    ``batch_tokens`` (its scored tokens), for paired comparisons of arms.
 
     The same numbers as `evaluation.perplexity.evaluate_perplexity` (tested),
     computed with the batch split over the mesh and the val split sharded by
@@ -335,16 +337,18 @@ class Trainer:
     """
     ds, tb = self._val_inputs(batch_size or self.config.batch_size)
     fn = self._eval_fn()
-    nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
+    nll_sum, n_tok, n_bytes, losses, counts = 0.0, 0.0, 0.0, [], []
     for i, local in enumerate(ds):
       if max_batches is not None and i >= max_batches:
         break
       batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
-      nll, count, nb = fn(self.state["params"], self.state["model"], batch, tb)
-      nll_sum += float(nll)
-      n_tok += float(count)
-      n_bytes += float(nb)
-    return summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
+      nll, count, nb = (float(x) for x in fn(self.state["params"], self.state["model"], batch, tb))
+      nll_sum, n_tok, n_bytes = nll_sum + nll, n_tok + count, n_bytes + nb
+      if count > 0:
+        losses.append(nll / count)
+        counts.append(count)
+    out = summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
+    return {**out, "batch_losses": losses, "batch_tokens": counts}
 
   # ---- the loop --------------------------------------------------------------------------
 
