@@ -66,7 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "keep_checkpoints": 1, "osci_window": 10, "osci_period": 20,
     },
 }
-VERDICT_ARM = "tetrajet_v2_full"  # the FP4 arm the verdict judges, when it ran
+VERDICT_ARM = "tetrajet_v2_full"  # the FP4 arm the verdict judges when it ran
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -375,8 +375,10 @@ def _report(plan: Plan, finals: dict[str, dict[str, Any]], t0: float) -> None:
   text = write_tables(plan.out, header, rows, notes)
   figs = plots.plot_all(plan.out, list(finals))
   print("\n" + text)
-  if VERDICT_ARM in finals:
-    print("\nverdict:\n" + "\n".join(f"- {line}" for line in verdict(finals, fp4_arm=VERDICT_ARM)))
+  fp4 = [a for a in finals if a in ARMS and ARMS[a].quantized and a != "nvidia_nvfp4"]
+  if fp4:  # tetrajet_v2_full when it ran, else the last FP4 arm
+    arm = VERDICT_ARM if VERDICT_ARM in fp4 else fp4[-1]
+    print("\nverdict:\n" + "\n".join(f"- {line}" for line in verdict(finals, fp4_arm=arm)))
   print("plots: " + ", ".join(str(p) for p in figs))
   print(f"results: {plan.out} ({time.time() - t0:.0f} s)")
 

@@ -14,11 +14,10 @@ from experiments import retry as retry_lib
 from experiments.tables import fmt, median_tokens_per_s, write_json_atomic
 from tetrajet_jax.data import cache as data_cache
 
-DOWNSTREAM_BATCH = 32  # rows per downstream scoring call
-
 
 def _downstream(trainer, tokenizer, tasks: list[str], limit: int | None, eval_dir) -> dict[str, Any]:
   from tetrajet_jax.evaluation.downstream import evaluate_downstream  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
 
   out = {}
   for task in tasks:
@@ -39,6 +38,7 @@ def _compile_up_front(plan, arm, trainer) -> None:
   instead of stalling twice mid-run. The loop then loads them from the
   persistent compilation cache."""
   from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
 
   if not arm.outcontrol or plan.args.stop_after is not None:
     return
@@ -129,6 +129,7 @@ def enable_compile_cache() -> None:
 def precompile(plan, data) -> int:
   """--precompile: fills the persistent compilation cache with each unfinished arm's functions."""
   from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train.trainer import TrainData, Trainer  # pylint: disable=import-outside-toplevel
 
   if plan.args.no_compile_cache:
