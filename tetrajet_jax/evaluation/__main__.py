@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m tetrajet_jax.evaluation",
                               description="Score a baseline model on the downstream tasks "
                               "(a sanity check of the scorer; models call evaluate_downstream). With --run "
-                              "RESULTS/ARM: evaluate a saved checkpoint of a training run (--run --help).")
+                              "RESULTS/ARM: evaluate a saved checkpoint of a training run (--run RESULTS/ARM --help).")
   p.add_argument("--tasks", default="all", help=f"comma-separated from {list(TASKS)} or 'all'")
   p.add_argument("--limit", type=int, default=None)
   p.add_argument("--model", choices=["uniform", "unigram"], default="unigram")

@@ -112,7 +112,7 @@ def evaluate_run(run_dir: str | Path, *, step: int | None = None, tasks: list[st
 
 def main(argv: list[str]) -> int:
   """``python -m tetrajet_jax.evaluation --run RESULTS/ARM [--step N] [--tasks ...] [--limit N] [--val-batches N]``."""
-  p = argparse.ArgumentParser(prog="python -m tetrajet_jax.evaluation --run",
+  p = argparse.ArgumentParser(prog="python -m tetrajet_jax.evaluation",
                               description="Evaluate a saved checkpoint of a training run.")
   p.add_argument("--run", type=Path, required=True, help="an arm's folder: RESULTS/ARM")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest intact one)")
