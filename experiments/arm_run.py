@@ -35,18 +35,14 @@ def _compile_up_front(plan, arm, trainer) -> None:
   """An arm with OutControl changes its compiled step at the calibration
   window's ends; compiling every phase's step (and the evaluation and
   downstream forwards) before step 0 keeps the progress bar's rate honest
-  instead of stalling twice mid-run. The loop then loads them from the
-  persistent compilation cache."""
+  instead of stalling twice mid-run. The loop's calls then find the
+  executables in JAX's compilation cache."""
   from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
 
   if not arm.outcontrol or plan.args.stop_after is not None:
     return
   cal = trainer.config.calibration
-  if plan.args.no_compile_cache:
-    print(f"{arm.name}: OutControl phases change the compiled step at steps {cal.start} and {cal.end}; each "
-          "compiles when reached (--no-compile-cache), so the progress bar pauses there.", flush=True)
-    return
   t0 = time.time()
   print(f"{arm.name}: compiling the train step of every OutControl phase up front (pure FP4, calibrating from "
         f"step {cal.start}, frozen channels from step {cal.end}) ...", flush=True)
