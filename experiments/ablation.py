@@ -42,8 +42,8 @@ from typing import Any
 
 from experiments import plots
 from experiments import retry as retry_lib
-from experiments.run_checks import ArgumentParser, UsageError, check_execution, check_out_writable
 from experiments.arm_run import enable_compile_cache, precompile, run_arm
+from experiments.run_checks import ArgumentParser, UsageError, check_execution, check_out_writable
 from experiments.tables import comparison, throughput_table, write_json_atomic, write_tables
 from experiments.verdict import verdict
 from tetrajet_jax.linear import recipes
@@ -71,7 +71,7 @@ VERDICT_ARM = "tetrajet_v2_full"  # the FP4 arm the verdict judges when it ran
 
 def build_parser() -> argparse.ArgumentParser:
   p = ArgumentParser(prog="python -m experiments.ablation", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", choices=list(PRESETS), default=None,
                  help="embedded settings (no arguments at all = --preset demo); other flags override")
   p.add_argument("--model", help=f"one of {', '.join(CONFIGS)}")
