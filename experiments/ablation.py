@@ -55,14 +55,14 @@ from tetrajet_jax.train.arms import ARMS, parse_arms
 DEMO_TOKENIZER_VOCAB = 4096
 DEMO_SOURCES = ("sotu",)
 
-# The demo's OsciReset window and period are its own: 160 steps have no room
+# The demo's OsciReset window and period are its own: 200 steps have no room
 # for the reference's T=50 / P=200 (the runner refuses those), so it sets
 # them explicitly and says so when it starts.
 PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
-        "model": "tiny", "arms": "bf16,nvidia_nvfp4,tetrajet_v2_full", "steps": 160, "batch_size": 8,
-        "seq_len": 128, "data": "demo", "eval_every": 40, "eval_batches": 4, "final_eval_batches": 32,
-        "downstream": "arc_easy,piqa", "downstream_limit": 100, "checkpoint_every": 80,
+        "model": "tiny", "arms": "bf16,nvidia_nvfp4,tetrajet_v2_full", "steps": 200, "batch_size": 8,
+        "seq_len": 128, "data": "demo", "eval_every": 50, "eval_batches": 4, "final_eval_batches": 32,
+        "downstream": "arc_easy,piqa", "downstream_limit": 100, "checkpoint_every": 100,
         "keep_checkpoints": 1, "osci_window": 10, "osci_period": 20,
     },
 }
