@@ -9,13 +9,9 @@ import numpy as np
 import pytest
 
 from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig, TrainData,
-<<<<<<< HEAD
                                 Trainer, default_lr_steps, parse_arms, read_jsonl, scaled_calibration,
                                 scaled_osci_reset)
-=======
-                                Trainer, parse_arms, read_jsonl, scaled_calibration, scaled_osci_reset)
 from tetrajet_jax.train.checkpointing import DamagedCheckpointWarning
->>>>>>> loop
 from tetrajet_jax.train.trainer import inject_nan
 
 
