@@ -1,23 +1,28 @@
 """The ablation runner: train several arms on the same data, seed and schedule.
 
 With no arguments it runs the embedded demo (the README's main command): the
-``tiny`` model, arms ``bf16`` and ``tetrajet_v2_full``, a few minutes on two
-CPU cores, building a small corpus and tokenizer under ``<repo>/cache/demo``
-first if needed. Then it prints the comparison table and writes the plots.
+``tiny`` model, arms ``bf16``, ``nvidia_nvfp4`` and ``tetrajet_v2_full`` (so
+the table has a gap closure), a few minutes on two CPU cores, building a
+small corpus and tokenizer under ``<repo>/cache/demo`` first if needed. Then
+it prints the comparison table, a plain-language verdict (`experiments.verdict`:
+which differences exceed the evaluation noise, which accuracies are within
+chance) and writes the plots.
 
     python -m experiments.ablation                       # = --preset demo
     python -m experiments.ablation --model 70m \\
         --arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full \\
         --tokens 400_000_000 --batch-size 64 --seq-len 1024 --out results/70m
     python -m experiments.ablation ... --resume          # continue / add arms
+    python -m experiments.ablation ... --resume --retry tetrajet_v2 --lr 1e-3   # rerun one arm on purpose
 
 Results folder (``--out``)::
 
-    run.json                the shared settings (checked on --resume)
+    run.json                the shared settings (checked on --resume), retries' history
     <arm>/config.json       the arm's full config and derived schedule windows
     <arm>/metrics.jsonl     every step's metrics (+ tb/ TensorBoard events)
     <arm>/checkpoints/      orbax checkpoints (--keep-checkpoints 0: deleted at the end)
-    <arm>/final.json        final validation and downstream results
+    <arm>/final.json        final validation (with per-batch losses) and downstream results
+    <arm>/history/<time>/   an earlier run of the arm, moved there by --retry
     results.md, results.csv the comparison table
     loss.png, oscillation.png
 
@@ -30,15 +35,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from experiments import plots
-from experiments.tables import (comparison, fmt, median_tokens_per_s, throughput_table, write_json_atomic,
-                                write_tables)
+from experiments import retry as retry_lib
+from experiments.arm_run import enable_compile_cache, precompile, run_arm
+from experiments.run_checks import ArgumentParser, UsageError, check_execution, check_out_writable
+from experiments.tables import comparison, throughput_table, write_json_atomic, write_tables
+from experiments.verdict import verdict
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.data import cache as data_cache
 from tetrajet_jax.model.configs import ATTENTIONS, CONFIGS, get_config
@@ -48,23 +55,23 @@ from tetrajet_jax.train.arms import ARMS, parse_arms
 DEMO_TOKENIZER_VOCAB = 4096
 DEMO_SOURCES = ("sotu",)
 
+# The demo's OsciReset window and period are its own: 200 steps have no room
+# for the reference's T=50 / P=200 (the runner refuses those), so it sets
+# them explicitly and says so when it starts.
 PRESETS: dict[str, dict[str, Any]] = {
     "demo": {
-        "model": "tiny", "arms": "bf16,tetrajet_v2_full", "steps": 200, "batch_size": 8, "seq_len": 128,
-        "data": "demo", "eval_every": 50, "eval_batches": 4, "final_eval_batches": 16,
-        "downstream": "arc_easy,piqa,hellaswag", "downstream_limit": 100, "checkpoint_every": 100,
-        "keep_checkpoints": 1,
+        "model": "tiny", "arms": "bf16,nvidia_nvfp4,tetrajet_v2_full", "steps": 200, "batch_size": 8,
+        "seq_len": 128, "data": "demo", "eval_every": 50, "eval_batches": 4, "final_eval_batches": 32,
+        "downstream": "arc_easy,piqa", "downstream_limit": 100, "checkpoint_every": 100,
+        "keep_checkpoints": 1, "osci_window": 10, "osci_period": 20,
     },
 }
-
-
-class UsageError(ValueError):
-  """Bad command-line input, found before any compute."""
+VERDICT_ARM = "tetrajet_v2_full"  # the FP4 arm the verdict judges when it ran
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m experiments.ablation", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = ArgumentParser(prog="python -m experiments.ablation", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", choices=list(PRESETS), default=None,
                  help="embedded settings (no arguments at all = --preset demo); other flags override")
   p.add_argument("--model", help=f"one of {', '.join(CONFIGS)}")
@@ -85,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="refuse runs that would repeat the train split more than this many times")
   p.add_argument("--out", type=Path, help="results folder")
   p.add_argument("--resume", action="store_true", help="continue unfinished arms, reuse finished ones")
+  p.add_argument("--retry", default=None,
+                 help="comma-separated arms to start over (e.g. one that diverged): the old run moves to "
+                      "<arm>/history/<time>/, and optimizer settings such as --lr may differ from the "
+                      "folder's for these arms (recorded in run.json)")
   p.add_argument("--stop-after", type=int, default=None,
                  help="train only this many steps of each arm's schedule, report their tokens/s and stop "
                       "(a throughput probe: same compiled step as the full run, so a warm compilation "
@@ -225,6 +236,10 @@ def make_plan(args: argparse.Namespace, vocab_size: int | None = None, train_tok
     if bad:
       raise UsageError(f"unknown downstream task(s) {bad}; valid: {', '.join(TASKS)}, or 'all'/'none'.")
   ckpt_every = args.checkpoint_every if args.checkpoint_every is not None else max(1, steps // 10)
+  if args.keep_checkpoints < 0:
+    raise UsageError(f"--keep-checkpoints {args.keep_checkpoints}: give a count >= 1, or 0 to delete the "
+                     "checkpoints at the end.")
+  retry_lib.parse_retry(args.retry, [a.name for a in arms])
   from tetrajet_jax.train.sharding import parse_mesh  # pylint: disable=import-outside-toplevel
 
   mesh = parse_mesh(args.mesh or "")
@@ -250,25 +265,38 @@ def _run_identity(plan: Plan) -> dict[str, Any]:
   return {"train": cfg, "data": plan.args.data}
 
 
-def check_results_dir(plan: Plan) -> None:
-  """Refuses to mix runs: the folder's run.json must match, and unfinished arms need --resume."""
+def check_results_dir(plan: Plan) -> dict[str, Any] | None:
+  """Refuses to mix runs: the folder's run.json must match (up to the optimizer
+  settings of ``--retry`` arms), and unfinished arms need --resume.
+
+  Returns:
+    The folder's run.json, or None for a new folder.
+  """
   run_json = plan.out / "run.json"
+  retry = retry_lib.parse_retry(plan.args.retry, [a.name for a in plan.arms])
+  saved = None
   if run_json.is_file():
     saved = json.loads(run_json.read_text(encoding="utf-8"))
     now = json.loads(json.dumps(_run_identity(plan)))
+    keys = [k for k in sorted(set(saved["train"]) | set(now["train"])) if saved["train"].get(k) != now["train"].get(k)]
+    optim = [k for k in keys if k in retry_lib.RETRY_FIELDS]
     diffs = [f"{k}: folder has {saved['train'].get(k)!r}, this command {now['train'].get(k)!r}"
-             for k in sorted(set(saved["train"]) | set(now["train"])) if saved["train"].get(k) != now["train"].get(k)]
+             for k in keys if k not in retry_lib.allowed_differences(retry)]
     if saved.get("data") != now["data"]:
       diffs.append(f"data: folder has {saved.get('data')!r}, this command {now['data']!r}")
     if diffs:
+      hint = (" To rerun an arm with other optimizer settings, name it with --retry ARM."
+              if optim and len(optim) == len(keys) else "")
       raise UsageError(f"{plan.out} holds a run with other settings:\n  " + "\n  ".join(diffs)
-                       + "\nAll arms of one results folder share data, seed and schedule; use another --out.")
+                       + "\nAll arms of one results folder share data, seed and schedule; use another --out."
+                       + hint)
   if not plan.args.resume:
-    started = [a.name for a in plan.arms if (plan.out / a.name / "checkpoints").exists()
-               or (plan.out / a.name / "final.json").exists()]
+    started = [a.name for a in plan.arms if a.name not in retry and (
+        (plan.out / a.name / "checkpoints").exists() or (plan.out / a.name / "final.json").exists())]
     if started:
       raise UsageError(f"{plan.out} already has results for {', '.join(started)}; pass --resume to continue "
-                       "or reuse them, or choose another --out.")
+                       "or reuse them, --retry ARM to start an arm over, or choose another --out.")
+  return saved
 
 
 def demo_data(cache_root: Path | None = None):
@@ -291,142 +319,91 @@ def demo_data(cache_root: Path | None = None):
   return locate.locate_data(name, bundle_dir=root / "_no_bundle", cache_dir=root, verify=True)
 
 
-DOWNSTREAM_BATCH = 32  # rows per downstream scoring call
+def _prepare(argv: list[str]) -> tuple[Plan, Any, dict[str, Any] | None]:
+  """Parses and checks everything before compute or writing: (plan, data, the folder's run.json).
+
+  Raises:
+    UsageError, ValueError, FileNotFoundError: printed by `main` as one ``error:`` line.
+  """
+  args = parse_args(argv)
+  from tetrajet_jax.train import distributed  # pylint: disable=import-outside-toplevel
+
+  distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
+  plan = make_plan(args)  # model, arms, shapes, schedule: before any data or compute
+  check_out_writable(plan.out)
+  check_execution(args, plan.configs)
+  saved = check_results_dir(plan)
+  from tetrajet_jax.data import locate  # pylint: disable=import-outside-toplevel
+
+  data = demo_data() if args.data == "demo" else locate.locate_data(args.data)
+  plan = make_plan(args, data.vocab_size, int(data.tokens("train").shape[0]))
+  retry = retry_lib.parse_retry(args.retry, [a.name for a in plan.arms])
+  return dataclasses.replace(plan, configs=retry_lib.settle_configs(plan.configs, saved, retry)), data, saved
 
 
-def _downstream(trainer, tokenizer, tasks: list[str], limit: int | None, eval_dir) -> dict[str, Any]:
-  from tetrajet_jax.evaluation.downstream import evaluate_downstream  # pylint: disable=import-outside-toplevel
-
-  out = {}
-  for task in tasks:
-    try:
-      res = evaluate_downstream(trainer.logits_fn(), tokenizer, [task], limit=limit,
-                                max_len=trainer.config.seq_len, batch_size=DOWNSTREAM_BATCH, eval_dir=eval_dir)[task]
-    except (OSError, ValueError, RuntimeError) as e:
-      print(f"warning: downstream task {task} skipped: {type(e).__name__}: {e}", file=sys.stderr)
-      continue
-    out[task] = dataclasses.asdict(res)
-  return out
-
-
-def run_arm(plan: Plan, arm, data, eval_dir) -> dict[str, Any]:
-  """Trains (or resumes) one arm and evaluates it; returns its final.json content."""
-  from tetrajet_jax.train.trainer import NonFiniteLossError, TrainData, Trainer  # pylint: disable=import-outside-toplevel
-
-  arm_dir = plan.out / arm.name
-  final_path = arm_dir / "final.json"
-  if final_path.is_file():
-    print(f"{arm.name}: finished earlier, reusing {final_path}")
-    return json.loads(final_path.read_text(encoding="utf-8"))
-  t0 = time.time()
-  trainer = Trainer(plan.configs[arm.name], TrainData.from_located(data), arm_dir, resume=plan.args.resume,
-                    progress=not plan.args.no_progress)
-  try:
-    result = trainer.train(num_steps=plan.args.stop_after)
-  except NonFiniteLossError as e:
-    trainer.close()
-    print(f"error: {arm.name}: {e}", file=sys.stderr)
-    final = {"arm": arm.name, "status": "diverged", "error": str(e)}
-    write_json_atomic(final_path, final)
-    return final
-  if result.status == "interrupted":
-    trainer.close()
-    return {"arm": arm.name, "status": "interrupted", "step": result.step}
-  if result.status == "paused":  # --stop-after: a throughput probe
-    trainer.close()
-    rate = median_tokens_per_s(arm_dir)
-    print(f"{arm.name}: stopped after {result.step} steps (--stop-after): median tokens/s {fmt(rate, ',.0f')}, "
-          f"{time.time() - t0:.0f} s", flush=True)
-    return {"arm": arm.name, "status": "paused", "step": result.step, "tokens_per_s": rate}
-  t_train = time.time() - t0
-  print(f"{arm.name}: trained in {t_train:.0f} s; final validation ...", flush=True)
-  val = trainer.evaluate(max_batches=plan.args.final_eval_batches)
-  t_val = time.time() - t0 - t_train
-  downstream = _downstream(trainer, data.tokenizer(), plan.tasks, plan.args.downstream_limit, eval_dir)
-  t_down = time.time() - t0 - t_train - t_val
-  print(f"{arm.name}: final validation {t_val:.0f} s, downstream {t_down:.0f} s", flush=True)
-  trainer.close()
-  rate = median_tokens_per_s(arm_dir)
-  final = {"arm": arm.name, "status": "completed", "steps": result.step,
-           "tokens": result.step * plan.configs[arm.name].tokens_per_step,
-           "val": val, "downstream": downstream,
-           "tokens_per_s": rate,
-           "model_tflops_per_s": (rate * trainer.model_config.flops_per_token(plan.args.seq_len) / 1e12
-                                  if rate else None),
-           "wall_s_this_session": time.time() - t0,
-           "wall_s_parts": {"train": t_train, "final_validation": t_val, "downstream": t_down}}
-  write_json_atomic(final_path, final)
-  # One line per finished arm, so a run cut short still reports what it measured.
-  print(f"{arm.name}: done: val loss {val['loss']:.4f}, PPL {val['ppl']:.3f}, median tokens/s "
-        f"{fmt(final['tokens_per_s'], ',.0f')}, {final['wall_s_this_session']:.0f} s", flush=True)
-  if plan.args.keep_checkpoints == 0:
-    shutil.rmtree(arm_dir / "checkpoints", ignore_errors=True)
-  return final
+def _record_run(plan: Plan, saved: dict[str, Any] | None) -> None:
+  """Writes run.json (the folder's shared settings, kept as they were) and starts ``--retry`` arms over."""
+  record = saved if saved is not None else _run_identity(plan)
+  for name in retry_lib.parse_retry(plan.args.retry, [a.name for a in plan.arms]):
+    entry = retry_lib.start_over(plan.out, name, plan.configs[name], record)
+    if entry is not None:
+      changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in entry["changed"].items()) or "no settings changed"
+      print(f"{name}: starting over (--retry); the earlier {entry['previous_status']} run moved to "
+            f"{plan.out / entry['moved_to']} ({changed})", flush=True)
+  # Atomic: runners of other arms (scripts/h200_ablation.sh starts one per
+  # arm) may read it at the same moment in check_results_dir.
+  write_json_atomic(plan.out / "run.json", record)
 
 
-def enable_compile_cache() -> None:
-  import jax  # pylint: disable=import-outside-toplevel
+def _announce(plan: Plan, data) -> None:
+  cfg0 = next(iter(plan.configs.values()))
+  print(f"ablation: model {plan.args.model}, arms {', '.join(a.name for a in plan.arms)}, {plan.total_steps} "
+        f"steps x {cfg0.tokens_per_step} tokens, data {data.root} ({data.origin}), out {plan.out}", flush=True)
+  osci = [(a.name, plan.configs[a.name].osci_windows) for a in plan.arms if a.oscireset]
+  if osci and (plan.args.osci_window is not None or plan.args.osci_period is not None):
+    name, w = osci[0]
+    print(f"{name}: OsciReset window T={w.window}, period P={w.period}, first window at step {w.start_step}, "
+          f"set explicitly{' by the demo' if plan.args.preset == 'demo' else ''} (the reference's T=50, P=200 "
+          f"need a longer run than {plan.total_steps} steps)", flush=True)
 
-  jax.config.update("jax_compilation_cache_dir", str(data_cache.default_cache_dir() / "jax"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
-
-def precompile(plan: Plan, data) -> int:
-  """--precompile: fills the persistent compilation cache with each unfinished arm's functions."""
-  from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.train.trainer import TrainData, Trainer  # pylint: disable=import-outside-toplevel
-
-  if plan.args.no_compile_cache:
-    print("error: --precompile fills the persistent compilation cache; drop --no-compile-cache.", file=sys.stderr)
-    return 2
-  enable_compile_cache()
-  for arm in plan.arms:
-    if (plan.out / arm.name / "final.json").is_file():
-      print(f"{arm.name}: finished earlier, nothing to compile", flush=True)
-      continue
-    t0 = time.time()
-    trainer = Trainer(plan.configs[arm.name], TrainData.from_located(data), None, progress=False,
-                      tensorboard=False)
-    shapes = [(DOWNSTREAM_BATCH, t) for t in length_buckets(trainer.config.seq_len)] if plan.tasks else []
-    phases = trainer.precompile(logits_shapes=shapes)
-    print(f"{arm.name}: compiled train step (phases {', '.join(phases)}), validation and {len(shapes)} "
-          f"downstream shapes in {time.time() - t0:.1f} s", flush=True)
-    trainer.close()
-  return 0
+def _report(plan: Plan, finals: dict[str, dict[str, Any]], t0: float) -> None:
+  """The table (with arms finished earlier or by other runners of this folder), the verdict and the plots."""
+  for d in sorted(plan.out.iterdir()):
+    if d.is_dir() and d.name not in finals and (d / "final.json").is_file():
+      finals[d.name] = json.loads((d / "final.json").read_text(encoding="utf-8"))
+  header, rows, notes = comparison(finals, plan.tasks)
+  text = write_tables(plan.out, header, rows, notes)
+  figs = plots.plot_all(plan.out, list(finals))
+  print("\n" + text)
+  fp4 = [a for a in finals if a in ARMS and ARMS[a].quantized and a != "nvidia_nvfp4"]
+  if fp4:  # tetrajet_v2_full when it ran, else the last FP4 arm
+    arm = VERDICT_ARM if VERDICT_ARM in fp4 else fp4[-1]
+    print("\nverdict:\n" + "\n".join(f"- {line}" for line in verdict(finals, fp4_arm=arm)))
+  print("plots: " + ", ".join(str(p) for p in figs))
+  print(f"results: {plan.out} ({time.time() - t0:.0f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  args = parse_args(argv)
   try:
-    from tetrajet_jax.train import distributed  # pylint: disable=import-outside-toplevel
-
-    distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device use
-    plan = make_plan(args)  # model, arms, shapes, schedule: before any data or compute
-    check_results_dir(plan)
-    from tetrajet_jax.data import locate  # pylint: disable=import-outside-toplevel
-
-    data = demo_data() if args.data == "demo" else locate.locate_data(args.data)
-    plan = make_plan(args, data.vocab_size, int(data.tokens("train").shape[0]))
+    plan, data, saved = _prepare(argv)
   except (UsageError, ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  args = plan.args
   if args.precompile:
     return precompile(plan, data)
   if not args.no_compile_cache:
     enable_compile_cache()
   plan.out.mkdir(parents=True, exist_ok=True)
-  # Atomic: runners of other arms (scripts/h200_ablation.sh starts one per
-  # arm) may read it at the same moment in check_results_dir.
-  write_json_atomic(plan.out / "run.json", _run_identity(plan))
+  _record_run(plan, saved)
+  _announce(plan, data)
   eval_dir = data.eval_dir
   if eval_dir is None:
     from tetrajet_jax.data.locate import locate_eval_dir  # pylint: disable=import-outside-toplevel
 
     eval_dir = locate_eval_dir()
-  cfg0 = next(iter(plan.configs.values()))
-  print(f"ablation: model {args.model}, arms {', '.join(a.name for a in plan.arms)}, {plan.total_steps} steps x "
-        f"{cfg0.tokens_per_step} tokens, data {data.root} ({data.origin}), out {plan.out}", flush=True)
   t0 = time.time()
   finals, status = {}, 0
   for arm in plan.arms:
@@ -447,16 +424,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.stop_after is not None:
     print(throughput_table(finals))
     return status
-  # Arms finished earlier, or by runners of other arms of this folder, join the table too.
-  for d in sorted(plan.out.iterdir()):
-    if d.is_dir() and d.name not in finals and (d / "final.json").is_file():
-      finals[d.name] = json.loads((d / "final.json").read_text(encoding="utf-8"))
-  header, rows, notes = comparison(finals, plan.tasks)
-  text = write_tables(plan.out, header, rows, notes)
-  figs = plots.plot_all(plan.out, list(finals))
-  print("\n" + text)
-  print("plots: " + ", ".join(str(p) for p in figs))
-  print(f"results: {plan.out} ({time.time() - t0:.0f} s)")
+  _report(plan, finals, t0)
   return status
 
 

@@ -101,7 +101,10 @@ def verdict(finals: dict[str, dict[str, Any]], *, fp4_arm: str, reference: str =
   gap = [losses.get(x) for x in (baseline, reference)]
   if all(g is not None for g in gap) and len(gap[0][0]) == len(gap[1][0]):
     _, lo, hi = paired_bootstrap(gap[0][0], gap[1][0], gap[0][1])
-    if lo <= 0:
+    if hi < 0:
+      lines.append(f"{baseline} ends below {reference} beyond the evaluation noise: this run has no FP4 gap to "
+                   "close (at this scale the seed and data order move losses by more than FP4 does).")
+    elif lo <= 0:
       lines.append(f"The {baseline}-to-{reference} gap itself is not larger than the evaluation noise, so the "
                    "gap closure of this run is not meaningful.")
   for arm, f in finals.items():

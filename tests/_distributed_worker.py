@@ -88,6 +88,7 @@ def channels(trainer: Trainer) -> dict[str, list[int]]:
 def run_mesh(name: str, workdir: Path, d: TrainData) -> dict:
   data_n, fsdp = MESHES[name]
   mesh = sh.make_mesh(data=data_n, fsdp=fsdp, devices=jax.devices()[: data_n * fsdp])
+  print(f"mesh {name}: compiling and training 2 steps", file=sys.stderr, flush=True)
   t0 = time.time()
   tr = Trainer(config(), d, workdir / name, mesh=mesh, progress=False, tensorboard=False,
                async_checkpoints=False)
@@ -199,6 +200,7 @@ def main(out_path: str, workdir: str) -> None:
         "shardings": r["shardings"],
     }
   # Checkpoints across mesh shapes: 8 devices -> 1, 1 -> 4 (fsdp), and the uninterrupted runs' step 2.
+  print("checkpoints across meshes", file=sys.stderr, flush=True)
   t0 = time.time()
   for src in ("8x1", "1"):  # continue the 8-device run on 1 device, and the 1-device run on 4 devices
     full = Trainer(config(), d, workdir / f"{src}-full", mesh=sh.make_mesh(
@@ -211,6 +213,7 @@ def main(out_path: str, workdir: str) -> None:
   res["ckpt_8_to_1"] = continue_on("8x1", "1", workdir, d, runs["8x1"]["after1"])
   res["ckpt_1_to_4"] = continue_on("1", "1x4", workdir, d, runs["1"]["after1"])
   res["checkpoint_s"] = time.time() - t0
+  print("per-tensor amax and sharded evaluation", file=sys.stderr, flush=True)
   t0 = time.time()
   res["nvidia_amax"] = nvidia_amax()
   res["eval"] = eval_check(workdir, d)

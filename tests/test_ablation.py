@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
+import jax
 import pytest
 
-from experiments import ablation
+from experiments import ablation, run_checks
 from tetrajet_jax.data import build as build_lib
 from tetrajet_jax.data import corpus, sources
 
@@ -51,7 +53,12 @@ def test_runner_writes_table_and_plots(cache, tmp_path, capsys):
   assert ablation.main(_argv(out)) == 2
   assert "pass --resume" in capsys.readouterr().err
   assert ablation.main(_argv(out, "--resume")) == 0
-  assert "finished earlier" in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert "finished earlier" in printed
+  # The verdict follows the table; final.json keeps the per-batch validation losses it pairs.
+  assert "verdict:" in printed and "evaluation noise" in printed
+  val = json.loads((out / "tetrajet_v2" / "final.json").read_text(encoding="utf-8"))["val"]
+  assert len(val["batch_losses"]) == len(val["batch_tokens"]) >= 1
 
 
 def test_stop_after_is_a_throughput_probe(cache, tmp_path, capsys):
@@ -93,9 +100,8 @@ def test_backend_flag_reaches_every_arm_and_is_validated(tmp_path, capsys):
   assert {c.backend for c in plans["xla"].configs.values()} == {"xla"}
   ids = [ablation._run_identity(p) for p in plans.values()]  # pylint: disable=protected-access
   assert ids[0] != ids[1]
-  with pytest.raises(SystemExit):
+  with pytest.raises(run_checks.UsageError, match="invalid choice: 'turbo'"):
     ablation.parse_args(argv + ["--backend", "turbo"])
-  assert "invalid choice: 'turbo'" in capsys.readouterr().err
 
 
 def test_scan_blocks_flag_reaches_the_config_not_the_run_identity(tmp_path):
@@ -112,3 +118,78 @@ def test_scan_blocks_flag_reaches_the_config_not_the_run_identity(tmp_path):
   assert all(c.scan_blocks is False for c in plans["--no-scan-blocks"].configs.values())
   ids = [ablation._run_identity(p) for p in plans.values()]  # pylint: disable=protected-access
   assert ids[0] == ids[1] == ids[2]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints -1"),
+    (["--backend", "turbo"], "invalid choice: 'turbo'"),
+    (["--backend", "pallas"], "--backend pallas"),
+    (["--attention", "cudnn"], "--attention cudnn needs an NVIDIA GPU"),
+    (["--mesh", "data=3"], "3 devices, but there are 1"),
+    (["--mesh", "fsdp=2"], "--mesh fsdp=2"),
+    (["--retry", "nvidia_nvfp4"], "not among --arms"),
+])
+def test_configuration_errors_are_one_line_before_writing(tmp_path, capsys, extra, message):
+  """Each refused setting is a single ``error:`` line with exit code 2, and the
+  results folder is not created (a refused mesh leaves no run.json behind)."""
+  if jax.default_backend() == "gpu" and extra[0] in ("--attention",) + (("--backend",) if "pallas" in extra else ()):
+    pytest.skip("valid on a GPU")
+  if jax.device_count() > 1 and extra[0] == "--mesh":
+    pytest.skip("device-count specific")
+  out = tmp_path / "x"
+  assert ablation.main(_argv(out, *extra)) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and message in err, err
+  assert len(err.strip().splitlines()) == 1, err
+  assert not out.exists()
+
+
+def test_out_that_cannot_be_written_is_refused(tmp_path, capsys):
+  blocker = tmp_path / "file.txt"
+  blocker.write_text("not a folder")
+  assert ablation.main(_argv(blocker / "res")) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --out") and "is not a folder" in err and len(err.strip().splitlines()) == 1
+  if os.geteuid() != 0:  # root writes anywhere
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    assert ablation.main(_argv(locked / "res")) == 2
+    assert "is not writable" in capsys.readouterr().err
+    assert not (locked / "res").exists()
+
+
+def test_diverged_arm_is_rerun_only_with_retry(cache, tmp_path, capsys):
+  """--resume never reuses a diverged arm's final.json silently; --retry moves the
+  old run to <arm>/history/ and may change its LR, recorded in run.json."""
+  out = tmp_path / "res"
+  argv = _argv(out)
+  argv[argv.index("bf16,tetrajet_v2")] = "bf16"
+  assert ablation.main(argv) == 0
+  diverged = {"arm": "bf16", "status": "diverged", "error": "step 5: non-finite train/loss=nan"}
+  (out / "bf16" / "final.json").write_text(json.dumps(diverged), encoding="utf-8")
+  capsys.readouterr()
+  assert ablation.main(argv + ["--resume"]) == 1
+  err = capsys.readouterr().err
+  assert "bf16: diverged earlier" in err and "--retry bf16" in err
+  assert json.loads((out / "bf16" / "final.json").read_text(encoding="utf-8")) == diverged
+  assert ablation.main(argv + ["--resume", "--lr", "1e-3"]) == 2  # another LR needs --retry
+  assert "--retry ARM" in capsys.readouterr().err
+
+  assert ablation.main(argv + ["--resume", "--retry", "bf16", "--lr", "1e-3"]) == 0
+  assert "starting over (--retry)" in capsys.readouterr().out
+  run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+  assert run["train"]["peak_lr"] == 3e-3  # the folder's shared settings stay
+  assert run["arm_settings"] == {"bf16": {"peak_lr": 1e-3}}
+  (entry,) = run["history"]
+  assert entry["arm"] == "bf16" and entry["previous_status"] == "diverged"
+  assert entry["changed"] == {"peak_lr": [3e-3, 1e-3]}
+  moved = out / entry["moved_to"]
+  assert json.loads((moved / "final.json").read_text(encoding="utf-8")) == diverged
+  assert (moved / "metrics.jsonl").is_file()
+  final = json.loads((out / "bf16" / "final.json").read_text(encoding="utf-8"))
+  assert final["status"] == "completed"
+  config = json.loads((out / "bf16" / "config.json").read_text(encoding="utf-8"))
+  assert config["train"]["peak_lr"] == 1e-3
+  # Resuming the folder later keeps the retried arm's own LR (no settings clash).
+  assert ablation.main(argv + ["--resume"]) == 0
+  assert "finished earlier" in capsys.readouterr().out

@@ -418,6 +418,25 @@ def test_quantize_linears_by_pattern():
     tj.quantize_linears(MLP(), "tetrajet_v2", pattern="nothing_here")
 
 
+def test_quantize_linears_checks_every_match_before_converting():
+  """A layer the recipe cannot take (K = 200, not a multiple of the 16-element
+  block) is named, and the layers before it in the model are not converted."""
+  class Model(nnx.Module):
+    def __init__(self):
+      self.up = nnx.Linear(128, 256, rngs=nnx.Rngs(0))
+      self.odd = nnx.Linear(200, 128, rngs=nnx.Rngs(1))
+      self.down = nnx.Linear(256, 128, rngs=nnx.Rngs(2))
+
+  m = Model()
+  before = nnx.state(m, nnx.Param).to_pure_dict()
+  with pytest.raises(ValueError, match=r"layer 'odd' cannot take recipe 'tetrajet_v2'.*No layer was converted"):
+    tj.quantize_linears(m, "tetrajet_v2")
+  assert all(type(lin) is nnx.Linear for lin in (m.up, m.odd, m.down))
+  chex.assert_trees_all_equal(nnx.state(m, nnx.Param).to_pure_dict(), before)
+  # Without the odd layer the same call converts the rest.
+  assert sorted(tj.quantize_linears(m, "tetrajet_v2", pattern=r"^(up|down)$")) == ["down", "up"]
+
+
 def _pallas_forward_diagnosis(x, w) -> str:
   """Which stage of the Pallas forward differs from the XLA path (for failure messages)."""
   from tetrajet_jax.linear.gemm import rtn_quantize  # noqa: PLC0415

@@ -75,3 +75,13 @@ def test_verdict_says_when_the_gap_itself_is_noise(rng):
             "tetrajet_v2_full": _final(base + rng.normal(0, 0.05, 16))}
   assert any("gap closure of this run is not meaningful" in l
              for l in verdict.verdict(finals, fp4_arm="tetrajet_v2_full"))
+
+
+def test_verdict_says_when_the_baseline_beats_the_reference(rng):
+  """An FP4 baseline clearly below bf16 leaves no gap to close; the verdict says that, not 'noise'."""
+  base = rng.normal(4.0, 0.3, 16)
+  finals = {"bf16": _final(base), "nvidia_nvfp4": _final(base - 0.2 + rng.normal(0, 0.01, 16)),
+            "tetrajet_v2_full": _final(base + rng.normal(0, 0.05, 16))}
+  text = "\n".join(verdict.verdict(finals, fp4_arm="tetrajet_v2_full"))
+  assert "nvidia_nvfp4 ends below bf16 beyond the evaluation noise: this run has no FP4 gap to close" in text
+  assert "gap closure of this run is not meaningful" not in text

@@ -3,6 +3,12 @@
 Scores a weight-free baseline (uniform or unigram logits) on the downstream
 tasks, which checks the request files, the tokenizer and the scorer end to
 end; a trained model calls `evaluate_downstream` with its own logits_fn.
+
+``python -m tetrajet_jax.evaluation --run RESULTS/ARM [--step N] [--tasks ...]
+[--limit N] [--val-batches N]`` evaluates a saved checkpoint of a training run
+instead (`tetrajet_jax.train.evaluate_run`: validation loss, perplexity,
+bits per byte and the downstream tasks, written to
+``RESULTS/ARM/eval_step{N}.json``).
 """
 
 from __future__ import annotations
@@ -20,9 +26,16 @@ from tetrajet_jax.evaluation.downstream import evaluate_downstream, format_resul
 
 
 def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if any(a == "--run" or a.startswith("--run=") for a in argv):
+    # A saved run needs the trainer, a layer above this package: imported only when asked for.
+    from tetrajet_jax.train import evaluate_run  # pylint: disable=import-outside-toplevel
+
+    return evaluate_run.main(argv)
   p = argparse.ArgumentParser(prog="python -m tetrajet_jax.evaluation",
                               description="Score a baseline model on the downstream tasks "
-                              "(a sanity check of the scorer; models call evaluate_downstream).")
+                              "(a sanity check of the scorer; models call evaluate_downstream). With --run "
+                              "RESULTS/ARM: evaluate a saved checkpoint of a training run (--run RESULTS/ARM --help).")
   p.add_argument("--tasks", default="all", help=f"comma-separated from {list(TASKS)} or 'all'")
   p.add_argument("--limit", type=int, default=None)
   p.add_argument("--model", choices=["uniform", "unigram"], default="unigram")

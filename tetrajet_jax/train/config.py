@@ -189,6 +189,8 @@ class TrainData:
     pad_id: id used to pad validation windows (weight 0).
     token_bytes: UTF-8 bytes per id (for bits per byte), or None.
     name: tokenizer / data name (recorded in checkpoints).
+    root: the data's ``tokenized/<name>`` folder, if known (recorded in
+      config.json, so a saved run can be evaluated later).
   """
 
   train_tokens: Any
@@ -197,6 +199,7 @@ class TrainData:
   pad_id: int = 0
   token_bytes: np.ndarray | None = None
   name: str = ""
+  root: str = ""
 
   @classmethod
   def from_located(cls, paths) -> "TrainData":
@@ -204,7 +207,7 @@ class TrainData:
     tok = paths.tokenizer()
     return cls(train_tokens=paths.split_path("train"), val_tokens=paths.split_path("val"),
                vocab_size=paths.vocab_size, pad_id=tok.pad_id, token_bytes=tok.token_byte_lengths(),
-               name=paths.root.name)
+               name=paths.root.name, root=str(paths.root))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

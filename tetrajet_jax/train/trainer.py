@@ -5,12 +5,11 @@ The run's pieces live beside it: `config` (TrainConfig, TrainData),
 
 Typical use (the ablation runner does exactly this per arm)::
 
-    cfg = TrainConfig(model="tiny", arm="tetrajet_v2_full", batch_size=8, seq_len=128,
-                      total_steps=200)
+    cfg = TrainConfig(model="tiny", arm="tetrajet_v2_full", batch_size=8, seq_len=128, total_steps=200)
     trainer = Trainer(cfg, data=TrainData.from_located(locate_data("bpe4096")),
                       workdir="results/demo/tetrajet_v2_full", resume=True)
     result = trainer.train()          # -> TrainResult(status="completed", ...)
-    final = trainer.evaluate()        # full validation pass: loss, ppl, bits/byte
+    final = trainer.evaluate()        # full validation pass: loss, ppl, bits/byte, per-batch losses
 
 The train state is a plain pytree ``{"params", "model", "opt", "step"}``:
 the model's float32 parameters, its other NNX variables (quantization key
@@ -162,10 +161,7 @@ class Trainer:
     """Checkpointer (restoring when resuming), config.json and the metrics writer."""
     config, data = self.config, self.data
     self.workdir.mkdir(parents=True, exist_ok=True)
-    # data_shards: the grain iterator state is per process, so the process count must match.
-    meta = {"train": config.run_identity(), "model": dataclasses.asdict(self.model_config),
-            "data": data.name, "data_shards": jax.process_count()}
-    self.checkpointer = Checkpointer(self.workdir / "checkpoints", meta=meta,
+    self.checkpointer = Checkpointer(self.workdir / "checkpoints", meta=self.checkpoint_meta(),
                                      keep=config.keep_checkpoints, async_save=async_checkpoints,
                                      meta_defaults={"data_shards": 1})
     latest = self.checkpointer.latest_step()
@@ -181,7 +177,8 @@ class Trainer:
     if self.is_main:
       (self.workdir / "config.json").write_text(json.dumps(
           {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
-           "data": data.name, "derived": self.derived()}, indent=2) + "\n", encoding="utf-8")
+           "data": data.name, "data_root": data.root, "derived": self.derived()}, indent=2) + "\n",
+          encoding="utf-8")
       truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
       self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
 
@@ -221,6 +218,18 @@ class Trainer:
     self._phase = want
     self.throughput.reset()
 
+  def checkpoint_meta(self) -> dict[str, Any]:
+    """What this run's checkpoints record and must match on restore (the grain
+    iterator state is per process, so the process count must match too)."""
+    return {"train": self.config.run_identity(), "model": dataclasses.asdict(self.model_config),
+            "data": self.data.name, "data_shards": jax.process_count()}
+
+  def restore(self, checkpointer: Checkpointer, step: int | None = None) -> int:
+    """Loads ``step`` (None: the newest intact one) of ``checkpointer``'s run, e.g. to evaluate it; returns it."""
+    self.checkpointer = checkpointer
+    self._restore(step)
+    return self.step
+
   def _restore(self, step: int | None) -> None:
     restored_step, state = self.checkpointer.restore(self.state, self._it, step)
     self.state = jax.device_put(state, self._state_shardings)
@@ -234,8 +243,7 @@ class Trainer:
       self._graphdef = self._phase_graphdef(self._phase)
     self.last_good_checkpoint = restored_step
 
-  def _phase_graphdef(self, phase: str) -> nnx.GraphDef:
-    """The model's graph with OutControl ``phase`` set (a static flag: it selects the compiled graphs)."""
+  def _phase_graphdef(self, phase: str) -> nnx.GraphDef:  # OutControl's phase: a static flag of the graph
     return outcontrol.phase_graphdef(self.model(), phase)
 
   # ---- compiled functions ----------------------------------------------------------------
@@ -326,8 +334,9 @@ class Trainer:
         padded_token_bytes(self.data.token_bytes, self.model_config.padded_vocab), self.mesh)
     return ds, tb
 
-  def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, float]:
-    """Validation loss, perplexity and bits per byte (None: the whole split).
+  def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """Validation loss, perplexity, bits per byte (None: the whole split) and, for paired
+    comparisons of arms, each batch's mean loss and scored tokens (``batch_losses``, ``batch_tokens``).
 
     The same numbers as `evaluation.perplexity.evaluate_perplexity` (tested),
     computed with the batch split over the mesh and the val split sharded by
@@ -335,16 +344,18 @@ class Trainer:
     """
     ds, tb = self._val_inputs(batch_size or self.config.batch_size)
     fn = self._eval_fn()
-    nll_sum, n_tok, n_bytes = 0.0, 0.0, 0.0
+    nll_sum, n_tok, n_bytes, losses, counts = 0.0, 0.0, 0.0, [], []
     for i, local in enumerate(ds):
       if max_batches is not None and i >= max_batches:
         break
       batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
-      nll, count, nb = fn(self.state["params"], self.state["model"], batch, tb)
-      nll_sum += float(nll)
-      n_tok += float(count)
-      n_bytes += float(nb)
-    return summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
+      nll, count, nb = (float(x) for x in fn(self.state["params"], self.state["model"], batch, tb))
+      nll_sum, n_tok, n_bytes = nll_sum + nll, n_tok + count, n_bytes + nb
+      if count > 0:
+        losses.append(nll / count)
+        counts.append(count)
+    out = summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
+    return {**out, "batch_losses": losses, "batch_tokens": counts}
 
   # ---- the loop --------------------------------------------------------------------------
 
