@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
@@ -184,3 +185,25 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
     for k, v in saved.items():
       jax.config.update(k, v)
     compilation_cache.reset_cache()
+
+
+def test_validation_reports_each_source_group_and_their_sum(data):
+  """Per-group validation (prose, code): each group's numbers are those of scoring that stream
+  alone, and the overall ones add the groups' sums (token-weighted loss)."""
+  rng = np.random.default_rng(1)
+  groups = {"code": np.tile(rng.integers(2, 256, size=89), 4).astype(np.uint16),
+            "prose": np.tile(rng.integers(2, 256, size=97), 5).astype(np.uint16)}
+  token_bytes = rng.integers(1, 5, size=256).astype(np.int32)
+  cfg = _cfg("tetrajet_v2")
+  grouped = Trainer(cfg, dataclasses.replace(data, val_groups=groups, token_bytes=token_bytes), progress=False)
+  got = grouped.evaluate()
+  assert {"code/loss", "code/bits_per_byte", "prose/loss", "prose/bits_per_byte", "loss"} <= set(got)
+  for name, tokens in groups.items():
+    alone = Trainer(cfg, dataclasses.replace(data, val_tokens=tokens, token_bytes=token_bytes),
+                    progress=False).evaluate()
+    assert got[f"{name}/loss"] == alone["loss"] and got[f"{name}/bits_per_byte"] == alone["bits_per_byte"]
+    assert got[f"{name}/tokens"] == alone["tokens"]
+  n = {g: got[f"{g}/tokens"] for g in groups}
+  want = sum(got[f"{g}/loss"] * n[g] for g in groups) / sum(n.values())
+  assert got["loss"] == pytest.approx(want, rel=1e-12)
+  assert len(got["batch_losses"]) == len(got["batch_tokens"]) and sum(got["batch_tokens"]) == sum(n.values())

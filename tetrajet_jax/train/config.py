@@ -191,6 +191,9 @@ class TrainData:
     name: tokenizer / data name (recorded in checkpoints).
     root: the data's ``tokenized/<name>`` folder, if known (recorded in
       config.json, so a saved run can be evaluated later).
+    val_groups: ``{group: tokens}`` held-out documents per source group
+      (``prose``, ``code``), each scored on its own by `Trainer.evaluate`;
+      empty: the val split alone.
   """
 
   train_tokens: Any
@@ -200,6 +203,7 @@ class TrainData:
   token_bytes: np.ndarray | None = None
   name: str = ""
   root: str = ""
+  val_groups: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_located(cls, paths) -> "TrainData":
@@ -207,7 +211,7 @@ class TrainData:
     tok = paths.tokenizer()
     return cls(train_tokens=paths.split_path("train"), val_tokens=paths.split_path("val"),
                vocab_size=paths.vocab_size, pad_id=tok.pad_id, token_bytes=tok.token_byte_lengths(),
-               name=paths.root.name, root=str(paths.root))
+               name=paths.root.name, root=str(paths.root), val_groups=paths.val_group_paths())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -52,7 +52,7 @@ from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
-from tetrajet_jax.evaluation.perplexity import padded_token_bytes, summarize_perplexity
+from tetrajet_jax.evaluation.perplexity import OVERALL, padded_token_bytes, summarize_groups, summarize_perplexity
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
 from tetrajet_jax.train import outcontrol
@@ -324,10 +324,11 @@ class Trainer:
     return self._compiled("eval", lambda: step_lib.jit_eval_stats(
         self._state_shardings, self._batch_sharding, self.mesh, self._graphdef))
 
-  def _val_inputs(self, batch_size: int):
-    """(this process's validation batches, replicated token byte lengths)."""
+  def _val_inputs(self, batch_size: int, tokens: Any = None):
+    """(this process's validation batches of ``tokens`` (default: the val split), replicated token
+    byte lengths)."""
     sharding_lib.check_batch(batch_size, self.mesh, what="eval batch_size")
-    ds = make_val_dataset(self.data.val_tokens, seq_len=self.config.seq_len,
+    ds = make_val_dataset(self.data.val_tokens if tokens is None else tokens, seq_len=self.config.seq_len,
                           batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
                           shard_count=jax.process_count(), pad_id=self.data.pad_id)
     tb = sharding_lib.replicated_input(
@@ -338,11 +339,33 @@ class Trainer:
     """Validation loss, perplexity, bits per byte (None: the whole split) and, for paired
     comparisons of arms, each batch's mean loss and scored tokens (``batch_losses``, ``batch_tokens``).
 
-    The same numbers as `evaluation.perplexity.evaluate_perplexity` (tested),
-    computed with the batch split over the mesh and the val split sharded by
-    process; the sums are global (replicated) arrays.
+    With source groups in the data (`TrainData.val_groups`: the held-out
+    documents of each group, e.g. prose and code) each group is scored on its
+    own (``max_batches`` per group) and reported as ``<group>/loss`` etc.;
+    the overall figures add the groups' sums. The same numbers as
+    `evaluation.perplexity.evaluate_perplexity` (tested), computed with the
+    batch split over the mesh and the val split sharded by process; the sums
+    are global (replicated) arrays.
     """
-    ds, tb = self._val_inputs(batch_size or self.config.batch_size)
+    streams = self.data.val_groups or {"all": None}
+    sums, losses, counts = {}, [], []
+    for group, tokens in streams.items():
+      *sums[group], group_losses, group_counts = self._score_val(tokens, batch_size, max_batches)
+      losses += group_losses
+      counts += group_counts
+    has_bytes = self.data.token_bytes is not None
+    if not self.data.val_groups:
+      out = summarize_perplexity(*sums["all"], has_bytes=has_bytes)
+    else:
+      groups = summarize_groups(sums, has_bytes=has_bytes)
+      out = dict(groups.pop(OVERALL))
+      for group, metrics in groups.items():
+        out.update({f"{group}/{k}": v for k, v in metrics.items()})
+    return {**out, "batch_losses": losses, "batch_tokens": counts}
+
+  def _score_val(self, tokens: Any, batch_size: int | None, max_batches: int | None):
+    """(nll sum, tokens, bytes, per-batch mean losses, per-batch tokens) of one validation stream."""
+    ds, tb = self._val_inputs(batch_size or self.config.batch_size, tokens)
     fn = self._eval_fn()
     nll_sum, n_tok, n_bytes, losses, counts = 0.0, 0.0, 0.0, [], []
     for i, local in enumerate(ds):
@@ -354,8 +377,7 @@ class Trainer:
       if count > 0:
         losses.append(nll / count)
         counts.append(count)
-    out = summarize_perplexity(nll_sum, n_tok, n_bytes, has_bytes=self.data.token_bytes is not None)
-    return {**out, "batch_losses": losses, "batch_tokens": counts}
+    return nll_sum, n_tok, n_bytes, losses, counts
 
   # ---- the loop --------------------------------------------------------------------------
 
@@ -462,7 +484,8 @@ class Trainer:
           if evaluate:
             t_eval = time.perf_counter()
             val = self.evaluate(max_batches=cfg.eval_batches)
-            vals = {f"val/{k}": v for k, v in val.items() if k in ("loss", "ppl", "bits_per_byte")}
+            vals = {f"val/{k}": v for k, v in val.items()
+                    if k.rsplit("/", 1)[-1] in ("loss", "ppl", "bits_per_byte")}  # overall and per group
             vals["perf/eval_s"] = time.perf_counter() - t_eval  # the first one includes compiling
             if self.writer is not None:
               self.writer.write(step, vals)
