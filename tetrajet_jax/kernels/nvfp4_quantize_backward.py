@@ -135,6 +135,80 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   return codes, qss, s_ins, s_out
 
 
+def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math):
+  """Validates `quantize_nvfp4_rht_sr`'s arguments (ValueError says what to change) and returns
+  (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
+  tokens to a multiple of 128."""
+  name = "quantize_nvfp4_rht_sr"
+  x = jnp.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f"{name}: expected a 2-D array, got shape {x.shape}; reshape leading axes into rows.")
+  if axis not in (-1, 0, 1):
+    raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
+  axis = axis % 2
+  if x.dtype not in (jnp.bfloat16, jnp.float32):
+    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
+  if block % 64 or block <= 0:
+    raise ValueError(f"{name}: block={block} must be a positive multiple of 64 (wgmma M granularity).")
+  if jnp.shape(signs_16) != (INNER,):
+    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
+                     "use tetrajet_jax.numerics.hadamard_signs(key).")
+  if jnp.ndim(seed) != 0:
+    raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
+  if _division not in ("exact", "hardware") or _math not in ("full", "none"):
+    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r}.")
+  if _math == "none" and emit_transformed:
+    raise ValueError(f"{name}: _math='none' computes no transform to emit.")
+  shape = tuple(x.shape)
+  if axis == 1:
+    r, k = shape
+    if r % block or k % OUTER:
+      raise ValueError(f"{name}: shape {shape} with axis=-1 needs rows % {block} == 0 and cols % {OUTER} == 0; "
+                       "pad (zeros change no scale) or use the XLA path (can_use_pallas_backward_quantizer).")
+  else:
+    if shape[1] % block:
+      raise ValueError(f"{name}: shape {shape} with axis=0 needs cols % {block} == 0; "
+                       "pad or use the XLA path (can_use_pallas_backward_quantizer).")
+    x = pad_axis_to_multiple(x, 0, OUTER)
+    k, r = x.shape  # canonical: r = output rows (x's columns), k = quantized length
+  return x, axis, r, k
+
+
+def _output_specs(r: int, k: int, block: int, *, emit_operand: bool, emit_transformed: bool):
+  """(out shapes, their SMEM blocks, the count of pipelined outputs): codes, s_in^T, s_out^T,
+  [operand], [transformed values]."""
+  kb = k // OUTER
+  out_shape = [
+      jax.ShapeDtypeStruct((r, k // 2), jnp.uint8),
+      jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
+      jax.ShapeDtypeStruct((kb, r), jnp.float32),  # s_out^T
+  ]
+  out_blocks = [(block, OUTER // 2), (OUTER // INNER, block), (1, block)]
+  if emit_operand:
+    out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32))
+    out_blocks.append((block, OUTER // 2))
+  n_out = len(out_shape)
+  if emit_transformed:  # copied straight from y_smem (one slot: debug output, keeps SMEM in budget)
+    out_shape.append(jax.ShapeDtypeStruct((r, k), jnp.float32))
+  return out_shape, out_blocks, n_out
+
+
+def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, *, emit_operand: bool, emit_transformed: bool):
+  """The kernel's outputs as an NVFP4Tensor (scales transposed back), then the optional extras."""
+  r, k = (shape[0], shape[1]) if axis == 1 else (shape[1], -(-shape[0] // OUTER) * OUTER)
+  kb = k // OUTER
+  codes, s_in_t, s_out_t = outs[:3]
+  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
+                  shape=shape, axis=axis, scaling="block", block_2d=False)
+  extra = []
+  if emit_operand:
+    extra.append(lax.bitcast_convert_type(outs[3], jnp.bfloat16).reshape(r, k))
+  if emit_transformed:
+    y = outs[n_out].reshape(r, kb, 2, OUTER // 2)  # [.., even/odd, i] -> element 2i + parity
+    extra.append(jnp.swapaxes(y, 2, 3).reshape(r, k))
+  return (t, *extra) if extra else t
+
+
 def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
                           block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
                           emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
@@ -173,56 +247,17 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     bits, same codes. y equals random_hadamard_16(x, key, axis=axis) up to
     FP32 accumulation order. Then (if asked) the bf16 operand, then y.
   """
-  name = "quantize_nvfp4_rht_sr"
-  x = jnp.asarray(x)
-  if x.ndim != 2:
-    raise ValueError(f"{name}: expected a 2-D array, got shape {x.shape}; reshape leading axes into rows.")
-  if axis not in (-1, 0, 1):
-    raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
-  axis = axis % 2
-  if x.dtype not in (jnp.bfloat16, jnp.float32):
-    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
-  if block % 64 or block <= 0:
-    raise ValueError(f"{name}: block={block} must be a positive multiple of 64 (wgmma M granularity).")
-  if jnp.shape(signs_16) != (INNER,):
-    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
-                     "use tetrajet_jax.numerics.hadamard_signs(key).")
-  if jnp.ndim(seed) != 0:
-    raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
-  if _division not in ("exact", "hardware") or _math not in ("full", "none"):
-    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r}.")
-  if _math == "none" and emit_transformed:
-    raise ValueError(f"{name}: _math='none' computes no transform to emit.")
-  shape = tuple(x.shape)
-  if axis == 1:
-    r, k = shape
-    if r % block or k % OUTER:
-      raise ValueError(f"{name}: shape {shape} with axis=-1 needs rows % {block} == 0 and cols % {OUTER} == 0; "
-                       "pad (zeros change no scale) or use the XLA path (can_use_pallas_backward_quantizer).")
-  else:
-    if shape[1] % block:
-      raise ValueError(f"{name}: shape {shape} with axis=0 needs cols % {block} == 0; "
-                       "pad or use the XLA path (can_use_pallas_backward_quantizer).")
-    x = pad_axis_to_multiple(x, 0, OUTER)
-    k, r = x.shape  # canonical: r = output rows (x's columns), k = quantized length
+  shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
+  x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
+                                 _division=_division, _math=_math)
   kb = k // OUTER
   dtype = x.dtype
   f32_in = dtype == jnp.float32
   bt = transform_matrix(signs_16)
   keys = row_keys(seed, r).reshape(1, r)
 
-  out_shape = [
-      jax.ShapeDtypeStruct((r, k // 2), jnp.uint8),
-      jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
-      jax.ShapeDtypeStruct((kb, r), jnp.float32),  # s_out^T
-  ]
-  out_blocks = [(block, OUTER // 2), (OUTER // INNER, block), (1, block)]
-  if emit_operand:
-    out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32))
-    out_blocks.append((block, OUTER // 2))
-  n_out = len(out_shape)
-  if emit_transformed:  # copied straight from y_smem (one slot: debug output, keeps SMEM in budget)
-    out_shape.append(jax.ShapeDtypeStruct((r, k), jnp.float32))
+  out_shape, out_blocks, n_out = _output_specs(r, k, block, emit_operand=emit_operand,
+                                               emit_transformed=emit_transformed)
   # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
   in_block = (block, OUTER) if axis == 1 else (OUTER, block)
   x_transforms = () if f32_in else _swizzled(jnp.bfloat16, in_block[1])
@@ -326,16 +361,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
                       scratch_types=scratch)
   with _platform.interpret_context(interpret):
     outs = call(x, bt, keys)
-  codes, s_in_t, s_out_t = outs[:3]
-  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
-                  shape=shape, axis=axis, scaling="block", block_2d=False)
-  extra = []
-  if emit_operand:
-    extra.append(lax.bitcast_convert_type(outs[3], jnp.bfloat16).reshape(r, k))
-  if emit_transformed:
-    y = outs[n_out].reshape(r, kb, 2, OUTER // 2)  # [.., even/odd, i] -> element 2i + parity
-    extra.append(jnp.swapaxes(y, 2, 3).reshape(r, k))
-  return (t, *extra) if extra else t
+  return _assemble(outs, n_out, shape, axis, emit_operand=emit_operand, emit_transformed=emit_transformed)
 
 
 def can_use_pallas_backward_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block: int = 64) -> bool:

@@ -52,12 +52,13 @@ from flax import nnx
 
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
-from tetrajet_jax.evaluation.perplexity import OVERALL, padded_token_bytes, summarize_groups, summarize_perplexity
+from tetrajet_jax.evaluation.perplexity import padded_token_bytes
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
 from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train import step as step_lib
+from tetrajet_jax.train import validation
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
@@ -336,48 +337,23 @@ class Trainer:
     return ds, tb
 
   def evaluate(self, max_batches: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
-    """Validation loss, perplexity, bits per byte (None: the whole split) and, for paired
-    comparisons of arms, each batch's mean loss and scored tokens (``batch_losses``, ``batch_tokens``).
+    """Validation loss, perplexity, bits per byte (None: the whole split), and each batch's mean
+    loss and scored tokens (``batch_losses``, ``batch_tokens``) for paired comparisons of arms.
 
-    With source groups in the data (`TrainData.val_groups`: the held-out
-    documents of each group, e.g. prose and code) each group is scored on its
-    own (``max_batches`` per group) and reported as ``<group>/loss`` etc.;
-    the overall figures add the groups' sums. The same numbers as
-    `evaluation.perplexity.evaluate_perplexity` (tested), computed with the
-    batch split over the mesh and the val split sharded by process; the sums
-    are global (replicated) arrays.
+    With source groups (`TrainData.val_groups`) each group is scored on its
+    own (``max_batches`` each) as ``<group>/loss`` etc., and the overall
+    figures add their sums (`validation.summarize`). The same numbers as
+    `evaluation.perplexity.evaluate_perplexity` (tested), with the batch
+    split over the mesh and the val split sharded by process.
     """
-    streams = self.data.val_groups or {"all": None}
-    sums, losses, counts = {}, [], []
-    for group, tokens in streams.items():
-      *sums[group], group_losses, group_counts = self._score_val(tokens, batch_size, max_batches)
-      losses += group_losses
-      counts += group_counts
-    has_bytes = self.data.token_bytes is not None
-    if not self.data.val_groups:
-      out = summarize_perplexity(*sums["all"], has_bytes=has_bytes)
-    else:
-      groups = summarize_groups(sums, has_bytes=has_bytes)
-      out = dict(groups.pop(OVERALL))
-      for group, metrics in groups.items():
-        out.update({f"{group}/{k}": v for k, v in metrics.items()})
-    return {**out, "batch_losses": losses, "batch_tokens": counts}
-
-  def _score_val(self, tokens: Any, batch_size: int | None, max_batches: int | None):
-    """(nll sum, tokens, bytes, per-batch mean losses, per-batch tokens) of one validation stream."""
-    ds, tb = self._val_inputs(batch_size or self.config.batch_size, tokens)
-    fn = self._eval_fn()
-    nll_sum, n_tok, n_bytes, losses, counts = 0.0, 0.0, 0.0, [], []
-    for i, local in enumerate(ds):
-      if max_batches is not None and i >= max_batches:
-        break
-      batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
-      nll, count, nb = (float(x) for x in fn(self.state["params"], self.state["model"], batch, tb))
-      nll_sum, n_tok, n_bytes = nll_sum + nll, n_tok + count, n_bytes + nb
-      if count > 0:
-        losses.append(nll / count)
-        counts.append(count)
-    return nll_sum, n_tok, n_bytes, losses, counts
+    fn, size = self._eval_fn(), batch_size or self.config.batch_size
+    scored = {}
+    for group, tokens in (self.data.val_groups or {"all": None}).items():
+      ds, tb = self._val_inputs(size, tokens)
+      scored[group] = validation.score_batches(fn, self.state["params"], self.state["model"], ds, tb, self.mesh,
+                                               max_batches)
+    return validation.summarize(scored, grouped=bool(self.data.val_groups),
+                                has_bytes=self.data.token_bytes is not None)
 
   # ---- the loop --------------------------------------------------------------------------
 
