@@ -23,7 +23,6 @@ On the GPU machine (no registry)::
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import shutil
 import sys
@@ -37,10 +36,10 @@ MAX_BUNDLE_BYTES = 60 * 1024 * 1024
 
 # The GPU image has jax, flax, optax, orbax-checkpoint (hence absl-py, etils,
 # protobuf), chex, numpy, ml_dtypes, tokenizers and pyarrow. grain needs these
-# on top; versions follow this machine's environment so both run the same code.
-GPU_MISSING_PACKAGES = ("grain", "array_record", "cloudpickle", "portpicker")
-_FALLBACK_PINS = {"grain": "0.2.18", "array_record": "0.8.6", "cloudpickle": "3.1.3",
-                  "portpicker": "1.6.0"}
+# on top, at the versions pyproject.toml installs here (grain is pinned there;
+# the others are what that grain resolved to), so both machines run the same code.
+GPU_WHEEL_PINS = {"grain": "0.2.18", "array_record": "0.8.6", "cloudpickle": "3.1.3", "portpicker": "1.6.0"}
+GPU_MISSING_PACKAGES = tuple(GPU_WHEEL_PINS)
 GPU_PLATFORM_ARGS = (
     "--python-version", "3.12", "--implementation", "cp",
     "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -50,14 +49,7 @@ GPU_PLATFORM_ARGS = (
 
 def gpu_wheel_pins() -> list[str]:
   """``name==version`` for each package the GPU machine lacks."""
-  pins = []
-  for name in GPU_MISSING_PACKAGES:
-    try:
-      version = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      version = _FALLBACK_PINS[name]
-    pins.append(f"{name}=={version}")
-  return pins
+  return [f"{name}=={version}" for name, version in GPU_WHEEL_PINS.items()]
 
 
 def _copy(src: Path, dst: Path) -> None:
