@@ -37,11 +37,11 @@ def data() -> TrainData:
 
 
 def config(**kw) -> TrainConfig:
-  # Steps 0-3 calibrate OutControl statistics; OsciReset's first window is updates 0-1 and
-  # resets at update 1 (threshold 2 so that two early updates already flag elements).
+  # Steps 0-3 calibrate OutControl statistics; OsciReset's first window is update 0 and its
+  # reset update 1 (threshold 2 so that one early update already flags elements).
   base = dict(model="tiny", arm="tetrajet_v2_full", layers=1, batch_size=8, seq_len=128, total_steps=12,
               warmup_steps=1, peak_lr=3e-3, calib_start=0, calib_steps=4, osci_start=0, osci_period=3,
-              osci_window=2, osci_threshold=2.0, checkpoint_every=2)
+              osci_window=1, osci_threshold=2.0, checkpoint_every=2)
   base.update(kw)
   return TrainConfig(**base)
 
