@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tetrajet_jax.data import build as build_lib
@@ -18,9 +19,11 @@ def run(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("evalrun")
   folder = tmp / "src"
   folder.mkdir()
+  # Distinct documents (the corpus builder removes exact and near duplicates): seeded word draws.
+  rng = np.random.default_rng(0)
   words = "an old lighthouse keeper counts ships while gulls argue over bread near the harbour".split()
   for i in range(30):
-    (folder / f"d{i:02d}.txt").write_text(" ".join(words[(i * 5 + j * 3) % len(words)] for j in range(300)) + ".")
+    (folder / f"d{i:02d}.txt").write_text(" ".join(rng.choice(words, 300)) + ".")
   mp = pytest.MonkeyPatch()
   mp.setattr(sources, "SOURCES", {**sources.SOURCES, "syn": sources.directory_source("syn", folder)})
   build_lib.build(build_lib.BuildConfig(corpus=corpus.CorpusConfig(sources=("syn",), cache_dir=tmp / "cache",
