@@ -130,8 +130,8 @@ def _add_execution_args(p: argparse.ArgumentParser) -> None:
                  help="execution of the quantized linears: auto (Pallas kernels where they run, else XLA), "
                       "xla, pallas (raise where a kernel cannot run), reference (FP32, slow)")
   p.add_argument("--scan-blocks", dest="scan_blocks", action="store_true", default=None,
-                 help="one lax.scan per run of identical transformer blocks (compiles ~2.5x faster, "
-                      "steps up to 1.4x slower on the H200); default: scan on the CPU, unroll on GPUs")
+                 help="one lax.scan per run of identical transformer blocks (compiles faster, steps "
+                      "slower on a GPU; docs/notes/training.md); default: scan on the CPU, unroll on GPUs")
   p.add_argument("--no-scan-blocks", dest="scan_blocks", action="store_false",
                  help="unroll the transformer blocks (same numbers up to float summation order)")
   p.add_argument("--attention", default="auto", choices=ATTENTIONS,

@@ -22,8 +22,8 @@ from jax import lax
 def _looped(fn, n: int):
   """jit of: n calls of fn(*args) inside one lax.fori_loop (one dispatch).
 
-  Host dispatch gaps between short calls would otherwise inflate every timing
-  under ~0.3 ms. The arguments pass through an optimization barrier together
+  Host dispatch gaps between short calls would otherwise inflate the timing
+  of every short kernel. The arguments pass through an optimization barrier together
   with the loop index, so XLA cannot hoist the loop-invariant call out of the
   loop; the last call's output is the loop's result, so no call is dead code.
   """
@@ -44,9 +44,9 @@ def compile_loops(jobs: list, workers: int = 8) -> list:
   exception its tracing or compilation raised. Why threads: a benchmark's
   compiles (XLA's, and Mosaic GPU's kernels inside them) take tens of seconds
   each on the GPU host, and XLA compiles
-  outside the GIL: ten quantizer loops compiled in 68 s on the H200 host,
-  about 2.6x faster than one by one (docs/notes/kernels.md). One large
-  program still compiles at its own pace. `args` may be ShapeDtypeStructs.
+  outside the GIL, so loops compiled side by side finish well before the
+  same loops one by one (docs/notes/kernels.md). One large program still
+  compiles at its own pace. `args` may be ShapeDtypeStructs.
   """
   def one(job):
     fn, args, inner = job

@@ -234,13 +234,11 @@ class OLMo2(nnx.Module):
 def default_scan_blocks(backend: str | None = None) -> bool:
   """Scan the blocks on the CPU, unroll them elsewhere (GPUs; TPUs untested).
 
-  A trade between compile time and step time, measured both ways: on the
-  H200 the unrolled 20m model trains 1.41x (bf16) and 1.18x (tetrajet_v2)
-  faster than the scanned one (not profiled further), while it compiles
-  2.5x slower (tetrajet_v2: 176 s vs 70 s on the device host); on 2 CPU
-  cores the scan costs only 2-4% per step and saves ~3x of compile time
-  (docs/notes/training.md). Long GPU runs amortize the compile; tests and
-  CPU runs do not.
+  A trade between compile time and step time, measured both ways
+  (docs/notes/training.md): on the H200 the unrolled model trains faster
+  and compiles slower than the scanned one; on CPU cores the scan costs
+  little per step and saves most of the compile time. Long GPU runs
+  amortize the compile; tests and CPU runs do not.
   """
   return (backend or jax.default_backend()) == "cpu"
 
