@@ -7,8 +7,9 @@ hold a 1-device JAX. The run is a 1-block ``tiny`` model, ``tetrajet_v2_full``,
 first window on update 0 (reset at update 1), on the meshes
 1, (8 data), (2 data x 4 fsdp), (1 data x 8 fsdp).
 
-Tolerances (why not bitwise): the forward is row-local and comes out
-bitwise equal (the step-0 loss is compared exactly). The backward adds
+Tolerances (why not bitwise): the forward is row-local, but the loss is a
+mean whose per-device partial sums are added in another order than on one
+device (the step-0 loss within 1e-6 relative). The backward adds
 partial sums across devices (dW contracts over tokens, the gradient norm, the
 OutControl channel norms) in another order than one device does: ~1 ulp.
 Two effects then enlarge a few elements: stochastic rounding of dY / X_hat
@@ -63,7 +64,9 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("mesh", ["8x1", "2x4", "1x8"])
 def test_one_step_matches_single_device(results, mesh):
   ref, got = results["meshes"]["1"], results["meshes"][mesh]
-  assert got["metrics"][0]["train/loss"] == ref["metrics"][0]["train/loss"]  # forward: bitwise
+  # Forward: the per-token losses are row-local; their mean adds per-device partial sums in another
+  # order than one device does (a few ulp of the mean).
+  assert got["metrics"][0]["train/loss"] == pytest.approx(ref["metrics"][0]["train/loss"], rel=1e-6, abs=0)
   for a, b in zip(got["metrics"], ref["metrics"]):
     for k in ("train/loss", "train/ce", "train/grad_norm", "train/param_norm"):
       assert a[k] == pytest.approx(b[k], rel=1e-5), (mesh, k)
