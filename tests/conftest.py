@@ -1,5 +1,6 @@
-"""Shared pytest fixtures: per-test seeds derived from the test's name, and
-GPU-only tests skipped where no GPU is present."""
+"""Shared pytest fixtures: per-test seeds derived from the test's name, a small
+learnable token stream for trainer tests, and GPU-only tests skipped where no
+GPU is present."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import hashlib
 import jax
 import numpy as np
 import pytest
+
+from tetrajet_jax.train import TrainData
 
 
 def _seed_from_name(name: str) -> int:
@@ -27,6 +30,15 @@ def rng(seed) -> np.random.Generator:
 @pytest.fixture
 def key(seed) -> jax.Array:
   return jax.random.key(seed)
+
+
+@pytest.fixture(scope="module")
+def data():
+  """A learnable stream for trainer tests: a fixed random 97-token pattern, repeated (a module
+  that needs other data defines its own `data`)."""
+  pattern = np.random.default_rng(0).integers(2, 256, size=97)
+  return TrainData(train_tokens=np.tile(pattern, 60).astype(np.uint16),
+                   val_tokens=np.tile(pattern, 6).astype(np.uint16), vocab_size=256)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,6 +13,7 @@ import pytest
 
 from experiments.bench import gemms, jobs, kernels, layer_parts, quantizers
 from experiments.bench.jobs import Rows
+from tetrajet_jax.linear.gemm import KERNELS, interpret_kernels
 
 _MODULES = (jobs, quantizers, gemms, layer_parts, kernels)
 
@@ -321,7 +322,8 @@ def test_linear_jobs_attribution_only():
   pallas attribution rows, and no whole-layer tetrajet_v2 row."""
 
   shape = (128, 256, 128)
-  jobs = bench.linear_jobs([shape], [shape], ("pallas",), layers=False)
+  with interpret_kernels(*KERNELS):  # building the GEMM rows traces the quantizers (on CPU: interpreted)
+    jobs = bench.linear_jobs([shape], [shape], ("pallas",), layers=False)
   assert [j.key[0] for j in jobs] == ["linear fwd+bwd bf16 backend=xla", "tetrajet_v2 forward only backend=pallas",
                                       "tetrajet_v2 quantizers only (6) backend=pallas",
                                       "tetrajet_v2 GEMMs only (3, pre-quantized) backend=pallas"]

@@ -20,7 +20,7 @@ import tetrajet_jax as tj
 from tetrajet_jax import nn as qnn
 from tetrajet_jax.linear import fp4_weight_values, outlier_count, recipes
 from tetrajet_jax.optim import NVFP4WeightQuantizer, osci_reset, osci_reset_metrics
-from tetrajet_jax.train import TrainConfig, TrainData, Trainer
+from tetrajet_jax.train import TrainConfig, Trainer
 from tests import linear_reference as lref
 from tests import numpy_reference as ref
 
@@ -148,13 +148,6 @@ def test_any_outlier_count_forward_and_backward(rng):
 
 
 # ------------------------------------------------------------------------ the trainer
-
-@pytest.fixture(scope="module")
-def data():
-  rng = np.random.default_rng(0)
-  pattern = rng.integers(2, 256, size=97)
-  return TrainData(train_tokens=np.tile(pattern, 60).astype(np.uint16),
-                   val_tokens=np.tile(pattern, 6).astype(np.uint16), vocab_size=256)
 
 
 def _cfg(**kw):

@@ -9,20 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig, TrainData,
+from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Schedule, TrainConfig,
                                 Trainer, default_lr_steps, parse_arms, read_jsonl, scaled_calibration,
                                 scaled_osci_reset)
 from tetrajet_jax.train.checkpointing import DamagedCheckpointWarning
 from tetrajet_jax.train.trainer import inject_nan
-
-
-@pytest.fixture(scope="module")
-def data():
-  # A learnable stream: a fixed random 97-token pattern, repeated.
-  rng = np.random.default_rng(0)
-  pattern = rng.integers(2, 256, size=97)
-  return TrainData(train_tokens=np.tile(pattern, 60).astype(np.uint16),
-                   val_tokens=np.tile(pattern, 6).astype(np.uint16), vocab_size=256)
 
 
 def _cfg(arm, **kw):

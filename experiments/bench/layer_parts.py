@@ -30,7 +30,7 @@ def linear_parts(recipe: str, backend: str):
     keys = lin._split_keys(key, rec)
     xq = lin._quantize(lin._as_rounded(x), 1, rec, keys, axis=-1, backend=backend)
     wq = lin._quantize(w, 2, rec, keys, axis=0, weight=True, backend=backend)
-    res = lin._Residuals(x_fwd=xq, x_out=None, q6_pre=None, kernel=w, key=key, outlier_idx=None,
+    res = lin._Residuals(x_fwd=xq, x_out=None, q6_pre=None, kernel=w, key=key, split=None,
                          x_dtype=jnp.zeros((0,), x.dtype))
     ops = lin._backward_operands(rec, res, lin._as_rounded(dy))
     return xq, wq, ops.a3, ops.b4, ops.a5, ops.b6
