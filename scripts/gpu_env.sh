@@ -9,8 +9,8 @@ declare -A seen  # one copy of each wheel (the bundle and .whl may both carry gr
 for w in .bundle/wheels/*.whl .whl/*.whl; do
   [ -n "${seen[$(basename "$w")]:-}" ] || { seen[$(basename "$w")]=1; wheels+=("$w"); }
 done
-shopt -u nullglob
 python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
+shopt -u nullglob
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
 export PYTHONPATH="$PWD:/tmp/site"

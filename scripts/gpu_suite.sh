@@ -6,24 +6,23 @@
 #      kernels (GPU-marked tests at real shapes), linear layer;
 #   2. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
 #   3. Pallas kernel benchmark (python -m experiments.bench kernels);
-#   4. 20m training throughput per arm (experiments.ablation, backend auto,
-#      the same attention for every arm).
+#   4. train steps per arm vs bf16 (python -m experiments.bench train: tokens/s,
+#      compile time, peak memory; the same attention for every arm).
 # Run from the repo root, with the data bundle in .bundle and extra wheels in
 # .whl (scripts/gpu_wheels.sh fetches them; scripts/gpu_env.sh installs them):
 #   OUT=results/h200 bash scripts/gpu_suite.sh
 # Every stage writes its log straight into $OUT, so a run stopped at a time
 # limit still leaves what it finished: suite.log, one <stage>.log per stage,
-# kernels_bench.json, throughput_results.md.
+# kernels_bench.json, bench_train.json.
 # Each stage gets TERM at its limit and KILL 10 s later (a compiling process
 # may not react to TERM).
 set -uo pipefail
 OUT="${OUT:-results/h200}"
 mkdir -p "$OUT"
 LOG="$OUT/suite.log"
-STAGES="${STAGES:-tests tests_jit bench_linear bench_kernels throughput}"
+STAGES="${STAGES:-tests tests_jit bench_linear bench_kernels bench_train}"
 # Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
-# section, limits T_KBENCH_<SECTION>), scan_probe (tokens/s of scanned vs
-# unrolled blocks).
+# section, limits T_KBENCH_<SECTION>).
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 source scripts/gpu_env.sh
@@ -44,21 +43,6 @@ stage() {  # stage NAME LIMIT_S CMD...
   tail -n 40 "$STAGE_LOGS/$name.log" >>"$LOG"
   echo "=== $name rc=$rc in $((SECONDS - t0))s" | tee -a "$LOG"
 }
-
-# scan_probe: the 20m steps of bf16 and tetrajet_v2, scanned and unrolled
-# (--no-scan-blocks: same run identity), compile in the background from the
-# start (CPU only), and run alone on the GPU at the end. The ablation's own
-# flags, evaluation off (later flags win), so the probe times its steps.
-source scripts/ablation_flags.sh
-PROBE_FLAGS=("${ABLATION_FLAGS[@]}" --checkpoint-every 100000 --eval-every 0 --downstream none --seed 0
-             --arms "${SCAN_PROBE_ARMS:-bf16,tetrajet_v2}")
-if enabled scan_probe; then
-  for layout in scanned unrolled; do
-    extra=(); [ "$layout" = unrolled ] && extra=(--no-scan-blocks)
-    timeout -k 10 "${T_SCAN_PRECOMPILE:-300}" python3 -m experiments.ablation "${PROBE_FLAGS[@]}" "${extra[@]}" \
-      --out "/tmp/scan_probe_$layout" --precompile >"$STAGE_LOGS/scan_precompile_$layout.log" 2>&1 &
-  done
-fi
 
 # TEST_MARK=gpu runs only the GPU-marked tests (the kernels and the layer at
 # real shapes), when the rest already passed on this code; TEST_K selects by
@@ -84,20 +68,8 @@ for section in linear gemm quant bwdquant; do
   stage "kbench_$section" "${!limit_var:-150}" python3 -m experiments.bench kernels --only "$section" \
     --out "$OUT/kbench_$section.json" --log "/tmp/kbench_${section}_tracebacks.log" ${KBENCH_ARGS:-}
 done
-stage throughput "${T_THROUGHPUT:-200}" python3 -m experiments.ablation --model 20m \
-  --arms "${THROUGHPUT_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --steps "${THROUGHPUT_STEPS:-40}" --batch-size 32 --seq-len 1024 \
-  --data bpe16384 --out /tmp/throughput --eval-every 0 --final-eval-batches 2 --downstream none \
-  --keep-checkpoints 0 --checkpoint-every 100000 --no-progress --no-compile-cache
-cp /tmp/throughput/results.md "$OUT/throughput_results.md" 2>/dev/null
-if enabled scan_probe; then
-  wait  # the background precompiles
-  grep -h "compiled" "$STAGE_LOGS"/scan_precompile_*.log | tee -a "$LOG"
-fi
-stage scan_probe "${T_SCAN_PROBE:-150}" bash -c "
-  for layout in scanned unrolled; do
-    extra=''; [ \$layout = unrolled ] && extra=--no-scan-blocks
-    echo --- \$layout
-    python3 -m experiments.ablation ${PROBE_FLAGS[*]} \$extra --out /tmp/scan_probe_\$layout \
-      --stop-after ${SCAN_PROBE_STEPS:-20} | tail -n 6
-  done"
+# Whole train steps per arm vs bf16 (tokens/s, compile time, peak memory), one process per arm.
+stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --models "${TRAIN_MODELS:-20m}" \
+  --arms "${TRAIN_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --backend "${TRAIN_BACKEND:-auto}" \
+  --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" --out "$OUT/bench_train.json"
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20

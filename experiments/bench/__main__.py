@@ -1,12 +1,12 @@
-"""The benchmark command: ``python -m experiments.bench {kernels,recipes} [options]``."""
+"""The benchmark command: ``python -m experiments.bench {kernels,recipes,train} [options]``."""
 
 from __future__ import annotations
 
 import sys
 
-from experiments.bench import kernels, recipes
+from experiments.bench import kernels, recipes, train_steps
 
-COMMANDS = {"kernels": kernels.main, "recipes": recipes.main}
+COMMANDS = {"kernels": kernels.main, "recipes": recipes.main, "train": train_steps.main}
 
 
 def main(argv: list[str] | None = None) -> int:

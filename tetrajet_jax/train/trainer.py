@@ -260,12 +260,12 @@ class Trainer:
         z_loss=self.model_config.z_loss, schedule=cfg.schedule, oscireset=self.arm.oscireset,
         monitored=monitors_oscillation(cfg)))
 
-  def precompile(self, logits_shapes: Sequence[tuple[int, int]] = ()) -> list[str]:
+  def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
     phase it goes through, the validation pass (batch_size rows) of each phase
     it evaluates in and of the final one, and the forward (`logits_fn`) of the
     final phase at ``logits_shapes`` ([batch, length] token shapes, e.g.
-    downstream scoring's length buckets).
+    downstream scoring's length buckets). evaluation=False: the train steps only.
 
     Nothing runs and the state is untouched. Useful with JAX's persistent
     compilation cache on (`jax_compilation_cache_dir`): several runs compile
@@ -290,9 +290,9 @@ class Trainer:
       for phase in phases:
         self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
-        if phase in eval_phases:
+        if evaluation and phase in eval_phases:
           lowered.append(self._eval_fn().lower(params, model_vars, val_batch, tb))
-        if phase == final_phase:
+        if evaluation and phase == final_phase:
           rep = sharding_lib.replicated(self.mesh)
           lowered += [self._logits_jit().lower(params, model_vars, jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
                       for shape in logits_shapes]

@@ -1,0 +1,171 @@
+"""Train-step section: tokens/s, compile time and peak memory of whole train steps per arm vs bf16.
+
+    python -m experiments.bench train [--models 20m,70m] [--arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full]
+                                      [--backend auto] [--scan-blocks default|on|off]
+                                      [--batch-size 32] [--seq-len 1024] [--steps 20] [--out FILE.json]
+
+Each (model, arm) runs in its own process, one after the other, through the
+real `Trainer` (its data pipeline, its one-step-ahead loop, its attention
+default) on random tokens: a fresh process per arm means no arm inherits
+another's compiled kernels or autotuning results, and the device's peak
+memory is that arm's own. Per arm it reports
+
+- compile: wall time of `Trainer.precompile(evaluation=False)`, every train
+  step the arm's run compiles (an OutControl arm: its ``fp4``, ``calibrate``
+  and ``frozen`` phases, side by side, as a run does);
+- tokens/s and model TFLOP/s over ``--steps`` steady-state steps, after
+  ``--warmup`` steps (OutControl arms calibrate on update 0 and are frozen
+  from update 1, the phase a run spends nearly all its steps in);
+- peak device memory (where the device reports it).
+
+The bf16 arm is always measured first, with the same model, shapes, attention
+and block layout; every ratio is to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+from experiments.bench.timing import commit_id, device_name
+from tetrajet_jax.linear import recipes
+from tetrajet_jax.model import CONFIGS
+from tetrajet_jax.train import TrainConfig, TrainData, Trainer
+from tetrajet_jax.train.arms import ARMS
+
+RESULT_TAG = "BENCH_TRAIN_RESULT "
+SCAN_CHOICES = {"default": None, "on": True, "off": False}
+# Long enough that no arm's schedule refuses its OsciReset windows; only the first steps run.
+NOMINAL_TOTAL_STEPS = 10_000
+
+
+def measure(spec: dict) -> dict:
+  """One arm's figures, in this process (the worker side)."""
+
+  b, t = spec["batch_size"], spec["seq_len"]
+  n_tokens = (spec["warmup"] + spec["steps"] + 4) * b * t + 1
+  rng = np.random.default_rng(0)
+  data = TrainData(train_tokens=rng.integers(0, spec["vocab"], n_tokens, dtype=np.uint16),
+                   val_tokens=rng.integers(0, spec["vocab"], 2 * b * t + 1, dtype=np.uint16),
+                   vocab_size=spec["vocab"])
+  cfg = TrainConfig(model=spec["model"], arm=spec["arm"], batch_size=b, seq_len=t, total_steps=NOMINAL_TOTAL_STEPS,
+                    backend=spec["backend"], scan_blocks=spec["scan_blocks"], layers=spec["layers"],
+                    calib_start=0, calib_steps=1)
+  trainer = Trainer(cfg, data, progress=False, tensorboard=False)
+  t0 = time.perf_counter()
+  phases = trainer.precompile(evaluation=False)
+  compile_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  trainer.train(spec["warmup"])
+  warmup_s = time.perf_counter() - t0
+  trainer.train(spec["steps"])
+  last = trainer.history[-1]
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], phases=phases, compile_s=compile_s, warmup_s=warmup_s,
+              tokens_per_s=last["perf/tokens_per_s"], model_tflops_per_s=last["perf/model_tflops_per_s"],
+              step_ms=last["perf/step_time_s"] * 1e3, peak_gib=None if peak is None else peak / 2**30,
+              loss=last["train/loss"], attention=trainer.model_config.attention,
+              scan_blocks=trainer.model().scan_blocks, device=device_name())
+
+
+def run_arm(spec: dict) -> dict:
+  """`measure` in a fresh process; a failure becomes a row with its error (the other arms go on)."""
+  proc = subprocess.run([sys.executable, "-m", "experiments.bench.train_steps", json.dumps(spec)],
+                        capture_output=True, text=True, check=False)
+  for line in proc.stdout.splitlines():
+    if line.startswith(RESULT_TAG):
+      return json.loads(line[len(RESULT_TAG):])
+  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], error=f"rc {proc.returncode}: {' | '.join(tail)}"[:400])
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+  """Adds tokens/s and compile-time ratios to the same model's bf16 row."""
+  base = {r["model"]: r for r in rows if r["arm"] == "bf16" and "error" not in r}
+  for r in rows:
+    b = base.get(r["model"])
+    if b is not None and "error" not in r:
+      r["vs_bf16_tokens_per_s"] = r["tokens_per_s"] / b["tokens_per_s"]
+      r["vs_bf16_compile"] = r["compile_s"] / b["compile_s"]
+  return rows
+
+
+def table(result: dict) -> str:
+  """The rows as a markdown table (also what docs/PERFORMANCE.md shows)."""
+  lines = ["| model | arm | tokens/s | vs bf16 | model TFLOP/s | compile s | vs bf16 | peak GiB |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+  for r in result["rows"]:
+    if "error" in r:
+      lines.append(f"| {r['model']} | {r['arm']} | failed: {r['error']} | | | | | |")
+      continue
+    peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+    lines.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} | {r['vs_bf16_tokens_per_s']:.2f}x | "
+                 f"{r['model_tflops_per_s']:.1f} | {r['compile_s']:.1f} | {r['vs_bf16_compile']:.1f}x | {peak} |")
+  return "\n".join(lines)
+
+
+def parse_args(argv):
+  p = argparse.ArgumentParser(prog="python -m experiments.bench train", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--models", default="20m,70m")
+  p.add_argument("--arms", default="bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full",
+                 help="comma list; bf16 (the baseline) is always run first")
+  p.add_argument("--backend", default="auto", choices=recipes.BACKENDS, help="backend of the quantized linears")
+  p.add_argument("--scan-blocks", default="default", choices=SCAN_CHOICES,
+                 help="blocks as one lax.scan (on), unrolled (off), or the trainer's default per platform")
+  p.add_argument("--layers", type=int, default=None, help="override the model's number of blocks")
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--seq-len", type=int, default=1024)
+  p.add_argument("--vocab", type=int, default=16384, help="vocabulary of the random tokens (the BPE's size)")
+  p.add_argument("--steps", type=int, default=20, help="timed steps per arm")
+  p.add_argument("--warmup", type=int, default=3, help="steps before timing (>= 2: past OutControl's calibration)")
+  p.add_argument("--out", default="")
+  a = p.parse_args(argv)
+  models, arms = a.models.split(","), a.arms.split(",")
+  for name, given, known in (("--models", models, CONFIGS), ("--arms", arms, ARMS)):
+    bad = [v for v in given if v not in known]
+    if bad:
+      p.error(f"{name}: unknown {bad}; known: {', '.join(known)}")
+  if a.warmup < 2 or a.steps < 2:
+    p.error("--warmup and --steps must be >= 2 (the first timed step only starts the clock)")
+  if not 0 < a.vocab <= 2**16:
+    p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
+  return a, models, ["bf16"] + [arm for arm in arms if arm != "bf16"]
+
+
+def main(argv=None) -> dict:
+  """Runs every (model, arm) in turn; this process never touches the device (the workers own it)."""
+  a, models, arms = parse_args(argv)
+  rows = []
+  for model in models:
+    for arm in arms:
+      spec = dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks],
+                  layers=a.layers, batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps,
+                  warmup=a.warmup)
+      rows.append(run_arm(spec))
+      print(json.dumps(rows[-1]), flush=True)
+  devices = [r["device"] for r in rows if "device" in r]
+  result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
+                settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers, batch_size=a.batch_size,
+                              seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup),
+                rows=with_ratios(rows))
+  print(f"device {result['device']}, commit {result['commit']}; {a.batch_size} x {a.seq_len} tokens per step, "
+        f"backend {a.backend}, scan blocks {a.scan_blocks}")
+  print(table(result))
+  if a.out:
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+  return result
+
+
+if __name__ == "__main__":  # the worker: one arm, its figures on one tagged line
+  print(RESULT_TAG + json.dumps(measure(json.loads(sys.argv[1]))), flush=True)
