@@ -7,7 +7,9 @@ it; this copy moves the bytes with the same engine the kernels use.
 Each CTA streams its rows through shared memory: TMA loads, pipelined
 ``max_concurrent_steps`` deep, and TMA stores straight from the loaded
 buffer (no register pass), so the copy moves bytes at the rate the memory
-system allows and nothing else.
+system allows and nothing else. ``store_delay`` lets that many stores stay
+in flight: a slot is refilled only once the store that read it is done
+(the pipeline releases an input slot ``store_delay`` steps late).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from jax import lax
 
 from tetrajet_jax.kernels import hopper_available
 
-TILE_BYTES = 32 * 1024
+# The roofline variants (name, tile bytes, pipeline depth, stores in flight): shared memory per
+# CTA is tile x depth (<= 227 KiB on Hopper; 96 KiB lets two CTAs share an SM). The bench
+# times each and takes the fastest as the copy.
+COPY_VARIANTS = (("tma", 32 * 1024, 4, 0), ("tma-d2", 32 * 1024, 4, 2), ("tma-16k-d3", 16 * 1024, 6, 3))
 
 
 def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_concurrent_steps: int = 4,
-             col_splits: int = 1, staged: bool = False, interpret: bool = False) -> jax.Array:
+             col_splits: int = 1, store_delay: int = 0, interpret: bool = False) -> jax.Array:
   """Returns a copy of the 2-D array ``x`` made by TMA loads and stores.
 
   Args:
@@ -32,9 +37,8 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
     max_concurrent_steps: TMA loads in flight per CTA.
     col_splits: CTAs per row block (each streams its share of the columns),
       so short, wide arrays still fill every SM.
-    staged: store from a second, pipelined shared-memory buffer (a register
-      pass copies the tile) instead of straight from the loaded buffer, so no
-      step waits for its store before the next load.
+    store_delay: stores left in flight after each step (< max_concurrent_steps);
+      0: each step waits until its store has read the slot.
     interpret: run in Mosaic GPU's CPU interpreter.
 
   Raises:
@@ -46,7 +50,12 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
   if r % block_rows or c % (block_cols * col_splits):
     raise ValueError(f"tma_copy: shape {x.shape} must be a multiple of ({block_rows}, "
                      f"{block_cols} x col_splits={col_splits}).")
+  if not 0 <= store_delay < max_concurrent_steps:
+    raise ValueError(f"tma_copy: store_delay={store_delay} must be in [0, max_concurrent_steps="
+                     f"{max_concurrent_steps}).")
   steps = c // block_cols // col_splits
+  depth = min(max_concurrent_steps, steps)  # the pipeline never runs deeper than its steps
+  store_delay = min(store_delay, depth - 1)
 
   def kernel(x_gmem, o_gmem):
     rows = pl.ds(lax.axis_index("rows") * block_rows, block_rows)
@@ -56,20 +65,12 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
       (j,) = idx
       plgpu.copy_smem_to_gmem(x_smem, o_gmem.at[rows, pl.ds((j0 + j) * block_cols, block_cols)])
       plgpu.commit_smem()
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slot may be refilled once the store has read it
+      # The slot the pipeline refills next was read by the store store_delay steps ago.
+      plgpu.wait_smem_to_gmem(store_delay, wait_read_only=True)
 
     cols = pl.ds(j0 * block_cols, steps * block_cols)
-    spec = plgpu.BlockSpec((block_rows, block_cols), lambda j: (0, j))
-    if staged:
-      def staged_step(idx, x_smem, o_smem):
-        del idx
-        o_smem[...] = x_smem[...]
-
-      plgpu.emit_pipeline(staged_step, grid=(steps,), in_specs=[spec], out_specs=[spec],
-                          max_concurrent_steps=max_concurrent_steps)(x_gmem.at[rows, cols], o_gmem.at[rows, cols])
-      return
-    plgpu.emit_pipeline(step, grid=(steps,), in_specs=[spec],
-                        max_concurrent_steps=max_concurrent_steps)(x_gmem.at[rows, cols])
+    spec = plgpu.BlockSpec((block_rows, block_cols), lambda j: (0, j), delay_release=store_delay)
+    plgpu.emit_pipeline(step, grid=(steps,), in_specs=[spec], max_concurrent_steps=depth)(x_gmem.at[rows, cols])
     plgpu.wait_smem_to_gmem(0)
 
   call = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(r // block_rows, col_splits),
@@ -82,18 +83,21 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
 
 def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
   """The roofline copies for ``x``, as (name, fn): on a Hopper GPU, when the
-  shape tiles, the TMA copy straight from the loaded buffer and the staged
-  one (enough CTAs to fill the chip; the bench takes the faster as the
-  roofline); elsewhere XLA's elementwise negate (same bytes read and written)."""
+  shape tiles, each of `COPY_VARIANTS` (enough CTAs to fill the chip; the
+  bench takes the fastest as the roofline); elsewhere XLA's elementwise
+  negate (same bytes read and written)."""
   rows, cols = x.shape if x.ndim == 2 else (0, 0)
-  block_cols = TILE_BYTES // (128 * x.dtype.itemsize)  # 32 KiB tiles: four in flight fit in shared memory
-  if hopper_available() and rows % 128 == 0 and cols % block_cols == 0 and rows and cols:
+  if not (hopper_available() and rows and rows % 128 == 0):
+    return [("xla", lambda v: -v)]
+  fns = []
+  for name, tile_bytes, depth, delay in COPY_VARIANTS:
+    block_cols = tile_bytes // (128 * x.dtype.itemsize)
+    if cols % block_cols:
+      continue
     steps = cols // block_cols
     splits = max(1, min(steps, 264 // max(rows // 128, 1)))  # about two CTAs per SM
     while steps % splits:
       splits -= 1
-    return [(f"tma{'-staged' if staged else ''}",
-             lambda v, staged=staged: tma_copy(v, block_cols=block_cols, col_splits=splits, staged=staged,
-                                               max_concurrent_steps=3 if staged else 4))  # shared memory
-            for staged in (False, True)]
-  return [("xla", lambda v: -v)]
+    fns.append((name, lambda v, bc=block_cols, sp=splits, d=depth, sd=delay: tma_copy(
+        v, block_cols=bc, col_splits=sp, max_concurrent_steps=d, store_delay=sd)))
+  return fns or [("xla", lambda v: -v)]

@@ -138,7 +138,15 @@ def parse_args(argv):
     p.error("--warmup and --steps must be >= 2 (the first timed step only starts the clock)")
   if not 0 < a.vocab <= 2**16:
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
-  return a, models, ["bf16"] + [arm for arm in arms if arm != "bf16"]
+  arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
+  for model in models:  # every configuration is checked before any arm runs
+    for arm in arms:
+      try:
+        TrainConfig(model=model, arm=arm, batch_size=a.batch_size, seq_len=a.seq_len,
+                    total_steps=NOMINAL_TOTAL_STEPS, backend=a.backend, layers=a.layers, calib_start=0, calib_steps=1)
+      except ValueError as e:
+        p.error(f"{model}/{arm}: {e}")
+  return a, models, arms
 
 
 def main(argv=None) -> dict:

@@ -1,0 +1,75 @@
+"""The train-step bench (python -m experiments.bench train) and the rendered docs/PERFORMANCE.md."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.bench import performance_doc, train_steps
+
+
+def _row(arm, tok, comp, **kw):
+  return dict(kind="train", model="20m", arm=arm, phases=["fp4"], compile_s=comp, warmup_s=1.0, tokens_per_s=tok,
+              model_tflops_per_s=tok * 1e-4, step_ms=1.0, peak_gib=None, loss=5.0, **kw)
+
+
+def test_ratios_are_to_the_same_models_bf16_row():
+  rows = train_steps.with_ratios([_row("bf16", 1000.0, 5.0), _row("tetrajet_v2", 250.0, 20.0),
+                                  dict(kind="train", model="20m", arm="nvidia_nvfp4", error="rc 1: boom")])
+  assert rows[0]["vs_bf16_tokens_per_s"] == 1.0 and rows[0]["vs_bf16_compile"] == 1.0
+  assert rows[1]["vs_bf16_tokens_per_s"] == 0.25 and rows[1]["vs_bf16_compile"] == 4.0
+  assert "vs_bf16_tokens_per_s" not in rows[2]
+  text = train_steps.table(dict(rows=rows))
+  assert "| 20m | tetrajet_v2 | 250 | 0.25x | 0.0 | 20.0 | 4.0x | - |" in text
+  assert "| 20m | nvidia_nvfp4 | failed: rc 1: boom |" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--arms", "bf16,nope"], "unknown"),
+    (["--models", "tiny", "--warmup", "1"], "--warmup"),
+    (["--models", "tiny", "--arms", "tetrajet_v2", "--batch-size", "1", "--seq-len", "100"], "multiple of 128"),
+])
+def test_bad_arguments_stop_before_any_arm_runs(argv, message, capsys, monkeypatch):
+  ran = []
+  monkeypatch.setattr(train_steps, "run_arm", ran.append)
+  with pytest.raises(SystemExit):
+    train_steps.main(argv)
+  assert message in capsys.readouterr().err and not ran
+
+
+def test_a_tiny_bf16_step_is_measured_in_its_own_process(tmp_path):
+  out = tmp_path / "train.json"
+  result = train_steps.main(["--models", "tiny", "--arms", "bf16", "--layers", "1", "--batch-size", "2",
+                             "--seq-len", "32", "--vocab", "64", "--steps", "2", "--warmup", "2", "--out", str(out)])
+  (row,) = result["rows"]
+  assert "error" not in row, row
+  assert row["tokens_per_s"] > 0 and row["compile_s"] > 0 and row["phases"] == ["fp4"]
+  assert row["vs_bf16_tokens_per_s"] == 1.0 and row["device"] == result["device"]
+  assert json.loads(out.read_text()) == result
+
+
+def test_a_failing_worker_becomes_an_error_row():
+  spec = dict(model="no-such-model", arm="bf16", backend="xla", scan_blocks=None, layers=None, batch_size=2,
+              seq_len=32, vocab=64, steps=2, warmup=2)
+  row = train_steps.run_arm(spec)
+  assert row["arm"] == "bf16" and row["error"].startswith("rc 1") and "no-such-model" in row["error"]
+
+
+def test_performance_doc_is_rendered_from_its_recorded_sources():
+  doc = performance_doc.DEFAULT_OUT.read_text(encoding="utf-8")
+  sources = performance_doc.recorded_sources(doc)
+  assert sources, "the document names no sources"
+  assert performance_doc.render(sources) == doc, "docs/PERFORMANCE.md is stale: re-run `python -m experiments.bench doc`"
+
+
+def test_performance_doc_renders_a_train_result(tmp_path):
+  result = dict(device="gpu:H", commit="abc1234", date="2026-12-03", rows=train_steps.with_ratios(
+      [_row("bf16", 1000.0, 5.0), _row("tetrajet_v2", 500.0, 10.0)]),
+      settings=dict(backend="xla", scan_blocks="off", batch_size=32, seq_len=1024, steps=20, warmup=3))
+  (tmp_path / "t.json").write_text(json.dumps(result))
+  text = performance_doc.render(["t.json"], root=tmp_path)
+  assert performance_doc.recorded_sources(text) == ["t.json"]
+  assert "commit abc1234, gpu:H" in text and "| 20m | tetrajet_v2 | 500 | 0.50x |" in text
+  with pytest.raises(ValueError, match="names no sources"):
+    performance_doc.recorded_sources("# hand-written\n")
