@@ -21,10 +21,12 @@ from jax import lax
 
 from tetrajet_jax.kernels import hopper_available
 
-# The roofline variants (name, tile bytes, pipeline depth, stores in flight): shared memory per
-# CTA is tile x depth (<= 227 KiB on Hopper; 96 KiB lets two CTAs share an SM). The bench
-# times each and takes the fastest as the copy.
-COPY_VARIANTS = (("tma", 32 * 1024, 4, 0), ("tma-d2", 32 * 1024, 4, 2), ("tma-16k-d3", 16 * 1024, 6, 3))
+# The roofline variants (name, tile bytes, pipeline depth, stores in flight, CTAs to aim for):
+# shared memory per CTA is tile x depth (<= 227 KiB on Hopper). The bench times each and takes
+# the fastest as the copy. A sweep of 12 shapes on the H200 (docs/notes/kernels.md) put
+# 32 KiB tiles, depth 4, two stores in flight and ~8 CTAs per SM first.
+COPY_VARIANTS = (("tma", 32 * 1024, 4, 0, 264), ("tma-d2", 32 * 1024, 4, 2, 1056),
+                 ("tma-16k-d4", 16 * 1024, 8, 4, 1056))
 
 
 def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_concurrent_steps: int = 4,
@@ -90,12 +92,12 @@ def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
   if not (hopper_available() and rows and rows % 128 == 0):
     return [("xla", lambda v: -v)]
   fns = []
-  for name, tile_bytes, depth, delay in COPY_VARIANTS:
+  for name, tile_bytes, depth, delay, ctas in COPY_VARIANTS:
     block_cols = tile_bytes // (128 * x.dtype.itemsize)
     if cols % block_cols:
       continue
     steps = cols // block_cols
-    splits = max(1, min(steps, 264 // max(rows // 128, 1)))  # about two CTAs per SM
+    splits = max(1, min(steps, ctas // max(rows // 128, 1)))
     while steps % splits:
       splits -= 1
     fns.append((name, lambda v, bc=block_cols, sp=splits, d=depth, sd=delay: tma_copy(
