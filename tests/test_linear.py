@@ -523,11 +523,12 @@ def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
   _assert_same_estimator(recipe, 256, 256, 256, rng, key)
 
 
-def test_pallas_backward_is_the_same_estimator_interpret(rng, key, monkeypatch):
-  """The same check on the CPU: the layer's backward with the fused RHT + SR
-  kernel in Mosaic GPU's interpreter (interpret_kernels("rht_sr"); backend
-  "auto" keeps the RTN quantizers and GEMMs on XLA here), at 128^3; the
-  kernel must have been called."""
+def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, monkeypatch):
+  """On the CPU, the layer's backward with the fused RHT + SR kernel in Mosaic
+  GPU's interpreter (interpret_kernels("rht_sr"); backend "auto" keeps the RTN
+  quantizers and GEMMs on XLA here) gives the XLA path's dX and dW bit for
+  bit at 128^3: both draw SR's bits from the same counter-based generator.
+  The kernel must have been called."""
   from tetrajet_jax import kernels  # noqa: PLC0415
 
   calls = []
@@ -540,8 +541,14 @@ def test_pallas_backward_is_the_same_estimator_interpret(rng, key, monkeypatch):
   monkeypatch.setattr(kernels, "quantize_nvfp4_rht_sr", counted)
   # Its own recipe name, so no function compiled without the interpreter is reused.
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name="tetrajet_v2_interpreted")
+  x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
   with interpret_kernels("rht_sr"):
-    _assert_same_estimator(recipe, 128, 128, 128, rng, key)
+    fused = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="auto")[1:])(key)
+  xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla")[1:])(key)
+  for what, a, b in zip(("dx", "dw"), fused, xla):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
   # Q3..Q6: two calls per axis each time the backward is traced.
   assert calls and calls.count(-1) == calls.count(0) == len(calls) // 2 and len(calls) % 4 == 0, calls
 
