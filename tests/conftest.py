@@ -1,6 +1,6 @@
 """Shared pytest fixtures: per-test seeds derived from the test's name, a small
-learnable token stream for trainer tests, and GPU-only tests skipped where no
-GPU is present."""
+learnable token stream for trainer tests, GPU-only tests skipped where no
+GPU is present, and the longest module scheduled first."""
 
 from __future__ import annotations
 
@@ -41,7 +41,13 @@ def data():
                    val_tokens=np.tile(pattern, 6).astype(np.uint16), vocab_size=256)
 
 
+# Modules whose single items run for minutes (one subprocess, many compiles) go first, so that
+# under pytest-xdist the other worker is not left idle at the end waiting for them.
+LONG_FIRST = ("tests/test_distributed.py",)
+
+
 def pytest_collection_modifyitems(config, items):
+  items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))  # stable: order kept otherwise
   if jax.default_backend() == "gpu":
     return
   skip = pytest.mark.skip(reason="GPU-only test (needs a CUDA GPU; run on the H200)")
