@@ -156,6 +156,13 @@ class QuantLinear(nnx.Module):
     return y
 
 
+def reset_outlier_stats(model: nnx.Module) -> None:
+  """Zeroes the accumulated OutControl statistics of every QuantLinear that has them."""
+  for _, layer in iter_quant_linears(model):
+    if layer.has_outcontrol:
+      layer.oc_stats[...] = jnp.zeros_like(layer.oc_stats[...])
+
+
 def iter_quant_linears(model: nnx.Module) -> Iterator[tuple[tuple, QuantLinear]]:
   """(path, layer) for every QuantLinear in the model's graph."""
   for path, module in nnx.iter_modules(model):

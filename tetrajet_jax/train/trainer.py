@@ -145,6 +145,7 @@ class Trainer:
     config = self.config
     model = OLMo2(self.model_config, rngs=nnx.Rngs(config.seed), scan_blocks=config.scan_blocks)
     self.arm.quantize(model, backend=layer_backend(config.backend, self.mesh))
+    outcontrol.phase_graphdef(model, "fp4")  # the graph a run's first updates execute (train/outcontrol.py)
     self._param_filter = qnn.quantized_kernel_filter(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
@@ -240,8 +241,7 @@ class Trainer:
     # The phase of the last completed update; `_ensure_phase` then does any
     # transition (incl. freezing) exactly as the uninterrupted run did.
     self._phase = self._phase_for_update(restored_step - 1) if restored_step > 0 else "fp4"
-    if self._phase != "fp4":
-      self._graphdef = self._phase_graphdef(self._phase)
+    self._graphdef = self._phase_graphdef(self._phase)
     self.last_good_checkpoint = restored_step
 
   def _phase_graphdef(self, phase: str) -> nnx.GraphDef:  # OutControl's phase: a static flag of the graph
@@ -285,12 +285,15 @@ class Trainer:
     local = next(iter(ds))
     val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
     params, model_vars = self.state["params"], self.state["model"]
-    graphdef, lowered = self._graphdef, []
+    graphdef, lowered, steps_of, evals_of = self._graphdef, [], set(), set()
     try:
       for phase in phases:
         self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-        lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
-        if evaluation and phase in eval_phases:
+        if self._graphdef not in steps_of:  # phases that run one graph share its compiled step
+          steps_of.add(self._graphdef)
+          lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
+        if evaluation and phase in eval_phases and self._graphdef not in evals_of:
+          evals_of.add(self._graphdef)
           lowered.append(self._eval_fn().lower(params, model_vars, val_batch, tb))
         if evaluation and phase == final_phase:
           rep = sharding_lib.replicated(self.mesh)
