@@ -285,25 +285,23 @@ class Trainer:
     local = next(iter(ds))
     val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
     params, model_vars = self.state["params"], self.state["model"]
-    graphdef, lowered, steps_of, evals_of = self._graphdef, [], set(), set()
+    graphdef, lowered = self._graphdef, {}  # keyed by (kind, graph): phases that run one graph share it
     try:
       for phase in phases:
-        self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-        if self._graphdef not in steps_of:  # phases that run one graph share its compiled step
-          steps_of.add(self._graphdef)
-          lowered.append(self._step_fn().lower(self.state, {"inputs": spec, "targets": spec}))
-        if evaluation and phase in eval_phases and self._graphdef not in evals_of:
-          evals_of.add(self._graphdef)
-          lowered.append(self._eval_fn().lower(params, model_vars, val_batch, tb))
+        g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
+        if ("train", g) not in lowered:
+          lowered["train", g] = self._step_fn().lower(self.state, {"inputs": spec, "targets": spec})
+        if evaluation and phase in eval_phases and ("eval", g) not in lowered:
+          lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
         if evaluation and phase == final_phase:
           rep = sharding_lib.replicated(self.mesh)
-          lowered += [self._logits_jit().lower(params, model_vars, jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
-                      for shape in logits_shapes]
+          lowered.update({("logits", shape): self._logits_jit().lower(
+              params, model_vars, jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)) for shape in logits_shapes})
     finally:
       self._graphdef = graphdef
     # XLA compiles outside the GIL: the functions compile at once.
     with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
-      list(pool.map(lambda low: low.compile(), lowered))
+      list(pool.map(lambda low: low.compile(), lowered.values()))
     return phases
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
