@@ -11,8 +11,8 @@ another's compiled kernels or autotuning results, and the device's peak
 memory is that arm's own. Per arm it reports
 
 - compile: wall time of `Trainer.precompile(evaluation=False)`, every train
-  step the arm's run compiles (an OutControl arm: its ``fp4``, ``calibrate``
-  and ``frozen`` phases, side by side, as a run does);
+  step the arm's run compiles (an OutControl arm: its calibrating and frozen
+  steps, side by side, as a run does);
 - tokens/s and model TFLOP/s over ``--steps`` steady-state steps, after
   ``--warmup`` steps (OutControl arms calibrate on update 0 and are frozen
   from update 1, the phase a run spends nearly all its steps in);
@@ -46,19 +46,22 @@ SCAN_CHOICES = {"default": None, "on": True, "off": False}
 NOMINAL_TOTAL_STEPS = 10_000
 
 
+def bench_config(spec: dict) -> TrainConfig:
+  """The run an arm is timed in: OutControl calibrates on update 0 and is frozen from update 1."""
+  return TrainConfig(model=spec["model"], arm=spec["arm"], batch_size=spec["batch_size"], seq_len=spec["seq_len"],
+                     total_steps=NOMINAL_TOTAL_STEPS, backend=spec["backend"], scan_blocks=spec["scan_blocks"],
+                     layers=spec["layers"], calib_start=0, calib_steps=1)
+
+
 def measure(spec: dict) -> dict:
   """One arm's figures, in this process (the worker side)."""
-
   b, t = spec["batch_size"], spec["seq_len"]
   n_tokens = (spec["warmup"] + spec["steps"] + 4) * b * t + 1
   rng = np.random.default_rng(0)
   data = TrainData(train_tokens=rng.integers(0, spec["vocab"], n_tokens, dtype=np.uint16),
                    val_tokens=rng.integers(0, spec["vocab"], 2 * b * t + 1, dtype=np.uint16),
                    vocab_size=spec["vocab"])
-  cfg = TrainConfig(model=spec["model"], arm=spec["arm"], batch_size=b, seq_len=t, total_steps=NOMINAL_TOTAL_STEPS,
-                    backend=spec["backend"], scan_blocks=spec["scan_blocks"], layers=spec["layers"],
-                    calib_start=0, calib_steps=1)
-  trainer = Trainer(cfg, data, progress=False, tensorboard=False)
+  trainer = Trainer(bench_config(spec), data, progress=False, tensorboard=False)
   t0 = time.perf_counter()
   phases = trainer.precompile(evaluation=False)
   compile_s = time.perf_counter() - t0
@@ -139,27 +142,24 @@ def parse_args(argv):
   if not 0 < a.vocab <= 2**16:
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
-  for model in models:  # every configuration is checked before any arm runs
-    for arm in arms:
-      try:
-        TrainConfig(model=model, arm=arm, batch_size=a.batch_size, seq_len=a.seq_len,
-                    total_steps=NOMINAL_TOTAL_STEPS, backend=a.backend, layers=a.layers, calib_start=0, calib_steps=1)
-      except ValueError as e:
-        p.error(f"{model}/{arm}: {e}")
-  return a, models, arms
+  specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
+                batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup)
+           for model in models for arm in arms]
+  for spec in specs:  # every configuration is checked before any arm runs
+    try:
+      bench_config(spec)
+    except ValueError as e:
+      p.error(f"{spec['model']}/{spec['arm']}: {e}")
+  return a, specs
 
 
 def main(argv=None) -> dict:
   """Runs every (model, arm) in turn; this process never touches the device (the workers own it)."""
-  a, models, arms = parse_args(argv)
+  a, specs = parse_args(argv)
   rows = []
-  for model in models:
-    for arm in arms:
-      spec = dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks],
-                  layers=a.layers, batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps,
-                  warmup=a.warmup)
-      rows.append(run_arm(spec))
-      print(json.dumps(rows[-1]), flush=True)
+  for spec in specs:
+    rows.append(run_arm(spec))
+    print(json.dumps(rows[-1]), flush=True)
   devices = [r["device"] for r in rows if "device" in r]
   result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers, batch_size=a.batch_size,
