@@ -85,7 +85,13 @@ def test_gold_preferring_model_scores_100_percent(tok, same_context):
   assert res.acc == res.acc_norm == res.accuracy == 1.0
   assert res.chance == pytest.approx(0.25)
   assert {s[0] for s in calls} == {16}  # fixed batch
-  assert {s[1] for s in calls} <= {32, 64, 128}  # a few length buckets
+  assert {s[1] for s in calls} <= set(downstream.length_buckets(128))  # a few length buckets
+
+
+def test_length_buckets_grow_fourfold_up_to_the_window():
+  assert downstream.length_buckets(128) == [32, 128]
+  assert downstream.length_buckets(1024) == [32, 128, 512, 1024]
+  assert downstream.length_buckets(32) == [32]
 
 
 def test_gold_model_greedy_task(tok):

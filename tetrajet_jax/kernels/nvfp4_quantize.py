@@ -69,12 +69,12 @@ def tile_scales(amax_in: list) -> tuple[jax.Array, list]:
   amax = amax_in[0]
   for a in amax_in[1:]:
     amax = jnp.maximum(amax, a)  # NaN-propagating
-  s_out = div_by_constant(div_by_constant(amax, 448.0), 6.0)
+  s_out = div_by_constant(div_by_constant(amax, 448.0, kernel=True), 6.0, kernel=True)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
   s_ins = []
   for am in amax_in:
-    s_in = round_to_e4m3(div_by_constant(div_rn(am, s_out, positive_divisor=True), 6.0))
+    s_in = round_to_e4m3(div_by_constant(div_rn(am, s_out, positive_divisor=True, kernel=True), 6.0, kernel=True))
     s_ins.append(jnp.where(s_in == 0.0, 2.0**-9, s_in))
   return s_out, s_ins
 
@@ -104,7 +104,7 @@ def _quantize_tile(load_sub, division: Division = "exact"):
   codes, qss = [], []
   for parts, s_in in zip(xs, s_ins):
     s = s_in * s_out
-    r = reciprocal_rn(s) if division == "exact" else 1.0 / s  # per row, shared by the parts
+    r = reciprocal_rn(s, kernel=True) if division == "exact" else 1.0 / s  # per row, shared by the parts
     cs, qs = [], []
     for x in parts:
       idx = nearest_index(flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]))

@@ -119,7 +119,7 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   expand = lambda v: lax.broadcast_in_dim(v, (bm, 8), [0])
   for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
     s = s_in * s_out
-    r = expand(reciprocal_rn(s) if division == "exact" else 1.0 / s)  # per row, shared by both parities
+    r = expand(reciprocal_rn(s, kernel=True) if division == "exact" else 1.0 / s)  # per row, shared by both parities
     s_in_b = expand(s_in)
     # One hash per (even, odd) pair: pair index = column // 2.
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))

@@ -23,39 +23,58 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 
 
-def div_rn(x: jax.Array, y, *, positive_divisor: bool = False) -> jax.Array:
+def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, kernel: bool = False) -> jax.Array:
   """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every
   backend and inside Pallas kernels; subnormal operands and results flush to 0.
 
-  Why not `x / y`: XLA on NVIDIA GPUs lowers f32 division to `div.full.f32`
-  (up to 2 ulp; about a quarter of quotients are 1 ulp off, even a / a != 1),
-  Mosaic GPU kernels get an approximate division as well, and XLA's simplifier
-  rewrites `x / c` as `x * (1 / c)` and merges chained divisions. The spec's
-  per-block scale arithmetic (amax / 448 / 6, amax_16 / s_out / 6, and the
-  reciprocal 1 / s the elements are multiplied by) is IEEE division. A float64
-  quotient is no way out either: XLA's GPU pipeline narrows convert(f64
-  divide) of widened f32 operands back to an f32 divide under jit.
+  Why not a bare `x / y`: XLA on NVIDIA GPUs lowers f32 division to
+  `div.full.f32` (up to 2 ulp; about a quarter of quotients are 1 ulp off, even
+  a / a != 1), Mosaic GPU kernels get an approximate division as well, and
+  XLA's simplifier rewrites `x / c` as `x * (1 / c)` and merges chained
+  divisions. The spec's per-block scale arithmetic (amax / 448 / 6,
+  amax_16 / s_out / 6, and the reciprocal 1 / s the elements are multiplied
+  by) is IEEE division. A float64 quotient is no way out either: XLA's GPU
+  pipeline narrows convert(f64 divide) of widened f32 operands back to an f32
+  divide under jit.
 
-  So the hardware quotient is only an estimate, and the rounding is decided in
-  exact integer arithmetic (see `div_rn_from_estimate`), which no compiler
-  rewrites. The flush of subnormals is explicit so that every backend agrees
-  (XLA's CPU flushes, the GPU does not); scales never get near that range.
+  So, per platform (`lax.platform_dependent`: only the branch of the platform
+  being compiled for is lowered):
+  - CPU: the hardware quotient, which is IEEE there (and flushes subnormals),
+    behind an optimization barrier so that the simplifier's rewrites cannot
+    apply. This keeps the CPU graph a third of the size (compile time).
+  - anything else: the hardware quotient is only an estimate, and the rounding
+    is decided in exact integer arithmetic (`div_rn_from_estimate`), which no
+    compiler rewrites. The flush of subnormals is explicit, as on the CPU.
+  kernel=True (inside a Pallas kernel body, which Mosaic lowers for one GPU
+  and where no platform switch exists): always the integer-decided quotient;
+  in interpret mode on a CPU it is the same IEEE quotient.
 
   `y` may be a Python float (a constant divisor: its fields are computed at
   trace time). `positive_divisor=True` promises a positive normal finite y
   (the quantizers' scales; a NaN scale still gives NaN) and skips the other
   special cases of y.
 
-  No optimization barrier here: the quantizer (nvfp4.py) puts one on each
-  scale and on the element indices, which is what XLA's CPU compiler needs
-  to finish compiling the fused quantize -> dequantize -> bf16 GEMM (without
-  them: minutes, then killed), with fewer fusion boundaries than one barrier
-  per division. Pallas kernels call `div_rn_from_estimate(x, y, x / y)`.
+  No optimization barrier in the integer path: the quantizer (nvfp4.py) puts
+  one on each scale and on the element indices, which is what XLA's CPU
+  compiler needs to finish compiling the fused quantize -> dequantize -> bf16
+  GEMM (without them: minutes, then killed), with fewer fusion boundaries than
+  one barrier per division.
   """
   x = jnp.asarray(x, jnp.float32)
   if not isinstance(y, float):
     y = jnp.asarray(y, jnp.float32)
-  return div_rn_from_estimate(x, y, x / y, positive_divisor=positive_divisor)
+  integer_decided = lambda x, y_arr: div_rn_from_estimate(
+      x, y if isinstance(y, float) else y_arr, x / y_arr, positive_divisor=positive_divisor)
+  if kernel:
+    return integer_decided(x, y)
+  y_arr = jnp.full(x.shape, y, jnp.float32) if isinstance(y, float) else y
+  return lax.platform_dependent(x, y_arr, cpu=_cpu_quotient, default=integer_decided)
+
+
+def _cpu_quotient(x: jax.Array, y: jax.Array) -> jax.Array:
+  """XLA's CPU division (IEEE, subnormals flushed) with the operands hidden from the simplifier."""
+  x, y = lax.optimization_barrier((x, y))
+  return x / y
 
 
 _SIGN = 0x80000000
@@ -145,7 +164,7 @@ def div_rn_from_estimate(x: jax.Array, y, q0: jax.Array, *, positive_divisor: bo
   return jnp.where(jnp.where(ex == 255, ey, 0) == 255, nan, out)  # inf / inf
 
 
-def reciprocal_rn(s: jax.Array) -> jax.Array:
+def reciprocal_rn(s: jax.Array, *, kernel: bool = False) -> jax.Array:
   """fp32(1 / s), correctly rounded, for scales s > 0 (once per block: the
   elements are then multiplied by it, never divided).
 
@@ -155,13 +174,13 @@ def reciprocal_rn(s: jax.Array) -> jax.Array:
   beyond any scale of a finite input) flushes to 0; NaN gives NaN.
   """
   s = jnp.asarray(s, jnp.float32)
-  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True)
+  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True, kernel=kernel)
   return jnp.where(s < 2.0**-126, jnp.inf, r)  # single compare feeding a select (Mosaic GPU)
 
 
-def div_by_constant(x: jax.Array, c: float) -> jax.Array:
+def div_by_constant(x: jax.Array, c: float, *, kernel: bool = False) -> jax.Array:
   """x / c, correctly rounded (see div_rn): the spec's "divide by 448, then by 6"."""
-  return div_rn(x, float(c))
+  return div_rn(x, float(c), kernel=kernel)
 
 
 def exp2_int(e: jax.Array) -> jax.Array:
