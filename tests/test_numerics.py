@@ -76,6 +76,17 @@ def test_div_rn_is_the_ieee_quotient(rng, mode, kernel):
   assert np.all(got[~normal & (want != 0)] == 0), "quotients below the normal range flush to zero"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_div_rn_by_a_scalar_divisor_is_the_ieee_quotient(rng, mode):
+  """A 0-d divisor (NVIDIA's per-tensor scale) broadcast against the dividend:
+  still the IEEE quotient, not x * (1 / y), which XLA's simplifier substitutes
+  for a division by a broadcast scalar when it can see one."""
+  x = (rng.uniform(1, 2, 20000) * np.exp2(rng.integers(-30, 30, 20000))).astype(np.float32)
+  for y in (rng.uniform(1, 2, 8) * np.exp2(rng.integers(-30, 30, 8))).astype(np.float32):
+    got = np.asarray(run(nm.div_rn, mode, jnp.asarray(x), jnp.asarray(y)))
+    np.testing.assert_array_equal(got, x / y)
+
+
 @pytest.mark.parametrize("ulps", [-3, -2, -1, 1, 2, 3])
 def test_div_rn_corrects_any_nearby_estimate(rng, ulps):
   """The rounding is decided by exact integer arithmetic: an estimate a few

@@ -72,8 +72,10 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, kernel: bool = Fa
 
 
 def _cpu_quotient(x: jax.Array, y: jax.Array) -> jax.Array:
-  """XLA's CPU division (IEEE, subnormals flushed) with the operands hidden from the simplifier."""
-  x, y = lax.optimization_barrier((x, y))
+  """XLA's CPU division (IEEE, subnormals flushed) with the operands hidden from the simplifier.
+  Broadcast first: XLA rewrites a division by a broadcast scalar as a multiplication by its
+  reciprocal, so the divisor must reach the division already at full shape."""
+  x, y = lax.optimization_barrier(tuple(jnp.broadcast_arrays(x, y)))
   return x / y
 
 
