@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.bench import performance_doc, train_steps
+from experiments.bench import lowering, performance_doc, train_steps
 
 
 def _row(arm, tok, comp, **kw):
@@ -73,3 +73,19 @@ def test_performance_doc_renders_a_train_result(tmp_path):
   assert "commit abc1234, gpu:H" in text and "| 20m | tetrajet_v2 | 500 | 0.50x |" in text
   with pytest.raises(ValueError, match="names no sources"):
     performance_doc.recorded_sources("# hand-written\n")
+
+
+def test_lowering_section_times_each_named_kernel(tmp_path):
+  """The lowering bench lowers for CUDA on this CPU: here the XLA reference row
+  (the kernels' own lowering for Hopper is checked by the *_lowers_for_hopper tests)."""
+  out = tmp_path / "lowering.json"
+  result = lowering.main(["--kernels", "xla_quantizer", "--out", str(out)])
+  assert json.loads(out.read_text()) == result
+  (row,) = result["rows"]
+  assert row["kernel"] == "xla_quantizer" and row["lower_s"] > 0 and row["text_chars"] > 0
+
+
+def test_lowering_section_refuses_unknown_kernels(capsys):
+  with pytest.raises(SystemExit) as e:
+    lowering.main(["--kernels", "rtn_fp8"])
+  assert e.value.code == 2 and "unknown ['rtn_fp8']" in capsys.readouterr().err

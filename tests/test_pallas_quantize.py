@@ -8,6 +8,7 @@ pipeline, SMEM, wgmma register layouts simulated) at small shapes. The
 from __future__ import annotations
 
 import jax
+import jax.experimental.mosaic.gpu.core as mosaic_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -106,9 +107,16 @@ def test_rtn_bitwise_gpu(rng, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_rtn_lowers_for_hopper(dtype):
+def test_rtn_lowers_for_hopper(dtype, monkeypatch):
   """Mosaic GPU lowering for CUDA (layouts, supported ops: e.g. no boolean
-  vector arithmetic in the exact division) succeeds on the CPU."""
-  for k_splits in (None, 4):
-    f = jax.jit(lambda v, k_splits=k_splits: quantize_nvfp4_rtn(v, emit_operand=True, k_splits=k_splits))
-    f.trace(jax.ShapeDtypeStruct((256, 512), dtype)).lower(lowering_platforms=("cuda",))
+  vector arithmetic in the exact division) succeeds on the CPU, and equal
+  kernel instances in one computation are lowered once: three calls, two of
+  them the same instance, lower two Mosaic modules."""
+  modules = []
+  lower_module = mosaic_core.lower_mgpu_module
+  monkeypatch.setattr(mosaic_core, "lower_mgpu_module", lambda *a, **k: modules.append(1) or lower_module(*a, **k))
+  rtn = lambda v, k_splits=None: quantize_nvfp4_rtn(v, emit_operand=True, k_splits=k_splits)[1]
+  f = jax.jit(lambda a, b: (rtn(a), rtn(b), rtn(a, k_splits=4)))
+  spec = jax.ShapeDtypeStruct((256, 512), dtype)
+  f.trace(spec, spec).lower(lowering_platforms=("cuda",))
+  assert len(modules) == 2

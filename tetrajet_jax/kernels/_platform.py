@@ -37,6 +37,15 @@ def num_sms(interpret: bool) -> int:
   return int(jax.devices()[0].core_count)
 
 
+def one_lowering_per_instance(*static_argnames: str):
+  """Decorator: `jax.jit` with the kernel's options static. Every call with the
+  same shapes and options inside one traced computation then shares one jaxpr,
+  so JAX lowers the Mosaic GPU module (seconds of Python each: module emission
+  and layout inference) once per distinct kernel instance, not once per call
+  site (a layer's forward and its rematerialized copy, linears of equal shape)."""
+  return functools.partial(jax.jit, static_argnames=static_argnames)
+
+
 def interpret_context(interpret: bool):
   """Context manager that runs Mosaic GPU kernels traced inside it on the CPU interpreter."""
   if not interpret:

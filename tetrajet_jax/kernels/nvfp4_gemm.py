@@ -254,6 +254,7 @@ def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
                      "(quantize_nvfp4(x, axis=...) with block_2d=False).")
 
 
+@_platform.one_lowering_per_instance("out_dtype", "config", "interpret")
 def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG,
                interpret: bool = False) -> jax.Array:
   """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].

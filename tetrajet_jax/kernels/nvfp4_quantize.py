@@ -185,6 +185,8 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
         qs_refs[0][sub] = qss[c][0].astype(jnp.bfloat16)
 
 
+@_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
+                                     "interpret", "_division", "_math")
 def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_steps: int = 2,
                        packing: Packing | None = None, emit_operand: bool = False, k_splits: int | None = None,
                        interpret: bool = False, _division: Division = "exact", _math: Math = "full"):

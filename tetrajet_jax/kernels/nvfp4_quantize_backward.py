@@ -247,6 +247,20 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     bits, same codes. y equals random_hadamard_16(x, key, axis=axis) up to
     FP32 accumulation order. Then (if asked) the bf16 operand, then y.
   """
+  if isinstance(seed, int):  # a Python int may not fit jit's int32 for it
+    seed = np.uint32(seed)
+  return _rht_sr_instance(x, signs_16, seed, axis=axis, block=block, max_concurrent_steps=max_concurrent_steps,
+                          emit_operand=emit_operand, emit_transformed=emit_transformed, k_splits=k_splits,
+                          interpret=interpret, _division=_division, _math=_math)
+
+
+@_platform.one_lowering_per_instance("axis", "block", "max_concurrent_steps", "emit_operand", "emit_transformed",
+                                     "k_splits", "interpret", "_division", "_math")
+def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
+                     block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
+                     emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
+                     _division: Division = "exact", _math: Math = "full"):
+  """The kernel instance behind `quantize_nvfp4_rht_sr` (same arguments)."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
   x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
                                  _division=_division, _math=_math)

@@ -1,0 +1,87 @@
+"""Lowering section: how long each Pallas kernel takes to lower for Hopper, on this host.
+
+    python -m experiments.bench lowering [--kernels rtn_bf16,...] [--out FILE.json]
+
+A Mosaic GPU kernel is lowered in Python (its module emitted, layouts
+inferred) every time a jitted function that contains it is lowered, and that
+happens before JAX's persistent compilation cache is consulted: every run
+pays it, warm cache or not, once per kernel instance in the step. Lowering
+for CUDA needs no GPU, so this section runs on any host (the GPU machine's
+CPUs or a laptop) and times each kernel at a training shape, beside XLA's
+own quantizer lowered for CUDA as the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+from experiments.bench.timing import commit_id
+from tetrajet_jax import kernels
+from tetrajet_jax.numerics import quantize_nvfp4
+
+SHAPE = (4096, 4096)  # rows x K: per-tile kernel bodies, so the size barely matters
+
+
+def _rtn(dtype):
+  return lambda x: kernels.quantize_nvfp4_rtn(x.astype(dtype)).codes
+
+
+def _rht_sr(axis):
+  signs = jnp.ones((16,), jnp.float32)
+  return lambda x: kernels.quantize_nvfp4_rht_sr(x.astype(jnp.bfloat16), signs, jnp.uint32(7), axis=axis).codes
+
+
+def _gemm(x):
+  a = quantize_nvfp4(x)  # XLA quantizers: the row is the GEMM kernel plus two XLA quantizers
+  return kernels.nvfp4_gemm(a, a)
+
+
+KERNELS = {
+    "xla_quantizer": lambda x: quantize_nvfp4(x).codes,  # the reference: no kernel
+    "rtn_bf16": _rtn(jnp.bfloat16),
+    "rtn_f32": _rtn(jnp.float32),
+    "rht_sr_bf16_axis-1": _rht_sr(-1),
+    "rht_sr_bf16_axis0": _rht_sr(0),
+    "gemm": _gemm,
+}
+
+
+def lower_seconds(name: str) -> dict:
+  """Wall time to lower one instance of kernel `name` for CUDA, and the lowered text's size."""
+  fn = jax.jit(lambda x: KERNELS[name](x))  # a fresh function: nothing cached from an earlier row
+  t0 = time.perf_counter()
+  lowered = fn.trace(jax.ShapeDtypeStruct(SHAPE, jnp.float32)).lower(lowering_platforms=("cuda",))
+  seconds = time.perf_counter() - t0
+  return dict(kernel=name, lower_s=seconds, text_chars=len(lowered.as_text()))
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(prog="python -m experiments.bench lowering", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--kernels", default=",".join(KERNELS), help=f"comma list of {', '.join(KERNELS)}")
+  p.add_argument("--out", default="")
+  a = p.parse_args(argv)
+  names = a.kernels.split(",")
+  bad = [n for n in names if n not in KERNELS]
+  if bad:
+    p.error(f"--kernels: unknown {bad}; known: {', '.join(KERNELS)}")
+  rows = []
+  for name in names:
+    rows.append(lower_seconds(name))
+    print(json.dumps(rows[-1]), flush=True)
+  result = dict(kind="lowering", host_cpus=os.cpu_count(), commit=commit_id(), date=time.strftime("%Y-%m-%d"),
+                shape=list(SHAPE), rows=rows)
+  print(f"lowering for CUDA on this host ({os.cpu_count()} CPUs), commit {result['commit']}, shape {SHAPE}:")
+  for r in rows:
+    print(f"  {r['kernel']:<20} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars")
+  if a.out:
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+  return result
