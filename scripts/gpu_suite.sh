@@ -4,9 +4,10 @@
 # time limit:
 #   1. GPU test suite: numerics (incl. the jit cast-elision check), Pallas
 #      kernels (GPU-marked tests at real shapes), linear layer;
-#   2. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
-#   3. Pallas kernel benchmark (python -m experiments.bench kernels);
-#   4. train steps per arm vs bf16 (python -m experiments.bench train: tokens/s,
+#   2. Mosaic lowering time per kernel on this host (python -m experiments.bench lowering);
+#   3. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
+#   4. Pallas kernel benchmark (python -m experiments.bench kernels);
+#   5. train steps per arm vs bf16 (python -m experiments.bench train: tokens/s,
 #      compile time, peak memory; the same attention for every arm).
 # Run from the repo root, with the data bundle in .bundle and extra wheels in
 # .whl (scripts/gpu_wheels.sh fetches them; scripts/gpu_env.sh installs them):
@@ -20,7 +21,7 @@ set -uo pipefail
 OUT="${OUT:-results/h200}"
 mkdir -p "$OUT"
 LOG="$OUT/suite.log"
-STAGES="${STAGES:-tests tests_jit bench_linear bench_kernels bench_train}"
+STAGES="${STAGES:-tests tests_jit bench_lowering bench_linear bench_kernels bench_train}"
 # Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
 # section, limits T_KBENCH_<SECTION>).
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -56,6 +57,7 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE
 # trip elided) and NonFiniteError reaches the caller from a GPU computation.
 stage tests_jit "${T_TESTS_JIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -W ignore \
   tests/test_numerics.py -k "really_happens_under_jit or nonfinite_error_under_jit"
+stage bench_lowering "${T_BENCH_LOWERING:-150}" python3 -m experiments.bench lowering --out "$OUT/bench_lowering.json"
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench recipes --backends xla,auto \
   --out "$OUT/bench_recipes.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m experiments.bench kernels --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
