@@ -54,11 +54,11 @@ def test_round_to_e4m3_matches_ml_dtypes(rng, mode):
   assert np.isnan(np.asarray(nm.round_to_e4m3(jnp.float32(np.nan))))
 
 
-# kernel=True is the integer-decided quotient that every platform but the CPU
-# (and every Pallas kernel) runs; kernel=False on a CPU is its hardware division.
-@pytest.mark.parametrize("kernel", [False, True], ids=["platform", "integer"])
+# integer=True is the integer-decided quotient that every platform but the CPU
+# runs; integer=False on a CPU is its hardware division.
+@pytest.mark.parametrize("integer", [False, True], ids=["platform", "integer"])
 @pytest.mark.parametrize("mode", MODES)
-def test_div_rn_is_the_ieee_quotient(rng, mode, kernel):
+def test_div_rn_is_the_ieee_quotient(rng, mode, integer):
   """div_rn must equal IEEE division bit for bit (XLA's GPU division is not)."""
   n = 100000
   x = (rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))).astype(np.float32)
@@ -68,7 +68,7 @@ def test_div_rn_is_the_ieee_quotient(rng, mode, kernel):
   a = (rng.uniform(1, 2, 1000) * np.exp2(rng.integers(-20, 20, 1000))).astype(np.float32)
   x = np.concatenate([x, a, np.float32(4.6875) * np.ones(4, np.float32), [0.0, -0.0, 1e-40]]).astype(np.float32)
   y = np.concatenate([y, a, np.float32(0.9375) * np.ones(4, np.float32), [3.0, 7.0, 448.0]]).astype(np.float32)
-  got = np.asarray(run(functools.partial(nm.div_rn, kernel=kernel), mode, jnp.asarray(x), jnp.asarray(y)))
+  got = np.asarray(run(functools.partial(nm.div_rn, integer=integer), mode, jnp.asarray(x), jnp.asarray(y)))
   with np.errstate(over="ignore", under="ignore"):
     want = x / y
   normal = np.abs(want) >= np.finfo(np.float32).tiny
@@ -109,14 +109,14 @@ def test_div_rn_corrects_any_nearby_estimate(rng, ulps):
   np.testing.assert_array_equal(np.abs(got), np.abs(want))
 
 
-@pytest.mark.parametrize("kernel", [False, True], ids=["platform", "integer"])
-def test_div_rn_special_operands(kernel):
+@pytest.mark.parametrize("integer", [False, True], ids=["platform", "integer"])
+def test_div_rn_special_operands(integer):
   sp = np.array([0.0, -0.0, 1e-40, np.inf, -np.inf, np.nan, 1.0, -3e38], np.float32)
   x, y = (a.ravel() for a in np.meshgrid(sp, sp))
   flush = lambda v: np.where(np.abs(v) < np.finfo(np.float32).tiny, np.float32(0) * v, v)
   with np.errstate(all="ignore"):
     want = flush((flush(x) / flush(y)).astype(np.float32))
-  got = np.asarray(jax.jit(functools.partial(nm.div_rn, kernel=kernel))(x, y))
+  got = np.asarray(jax.jit(functools.partial(nm.div_rn, integer=integer))(x, y))
   np.testing.assert_array_equal(got, want)  # NaN positions equal too
   np.testing.assert_array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
 

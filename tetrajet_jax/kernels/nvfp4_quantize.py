@@ -8,12 +8,11 @@ docs/SPEC.md section 1 to the bit:
   s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),
   r     = 1 / (s_in * s_out), correctly rounded, once per 16-block,
   q     = rne_e2m1(x * r), saturating at 6.
-The per-block divisions are `tetrajet_jax.numerics.div_rn` (via
-`reciprocal_rn` for r), the E4M3 rounding is `round_to_e4m3`, and the element
-rounding is `e2m1.nearest_index` of the product, the reference's own
-functions: Mosaic GPU's f32 division is not correctly rounded, so exact
-integer arithmetic decides every per-block quotient, and the elements are
-only multiplied (one float32 product each, then compares).
+The per-block divisions are single correctly rounded PTX instructions
+(`kernels._division`: Mosaic GPU's own f32 division is not correctly
+rounded), the E4M3 rounding is `round_to_e4m3` and the element rounding is
+`e2m1.nearest_index` of the product, the reference's own functions; the
+elements are only multiplied (one float32 product each, then compares).
 
 Kernel: grid (row blocks, parts of K), each CTA walking its part of K in
 blocks of 128 sequentially so TMA pipelines the loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
@@ -41,11 +40,12 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
-from tetrajet_jax.numerics.e2m1 import flush_subnormal, nearest_index
+from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index
 from tetrajet_jax.numerics.e2m1 import grid_value as _index_magnitude  # E2M1 grid value of an index (exact)
 from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
-from tetrajet_jax.numerics.scales import div_by_constant, div_rn, reciprocal_rn, round_to_e4m3
+from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL, round_to_e4m3
 
 OUTER = OUTER_BLOCK
 INNER = INNER_BLOCK
@@ -60,31 +60,32 @@ Division = Literal["exact", "hardware"]
 Math = Literal["full", "none"]
 
 
-def tile_scales(amax_in: list) -> tuple[jax.Array, list]:
+def tile_scales(amax_in: list, interpret: bool) -> tuple[jax.Array, list]:
   """Double-block scales of one tile from its eight inner-block amaxes [bm]:
   s_out = amax / 448 / 6 (0 -> 1, NaN/Inf block -> NaN) and per inner block
   s_in = e4m3(amax_16 / s_out / 6) (0 -> 2^-9). The reference's formulas,
-  with its correctly rounded divisions (numerics.scales); shared by the RTN
+  with correctly rounded divisions (kernels._division); shared by the RTN
   and the backward kernel."""
   amax = amax_in[0]
   for a in amax_in[1:]:
     amax = jnp.maximum(amax, a)  # NaN-propagating
-  s_out = div_by_constant(div_by_constant(amax, 448.0, kernel=True), 6.0, kernel=True)
+  s_out = div_rn(div_rn(amax, E4M3_MAX, interpret=interpret), E2M1_MAX, interpret=interpret)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
   s_ins = []
   for am in amax_in:
-    s_in = round_to_e4m3(div_by_constant(div_rn(am, s_out, positive_divisor=True, kernel=True), 6.0, kernel=True))
-    s_ins.append(jnp.where(s_in == 0.0, 2.0**-9, s_in))
+    s_in = round_to_e4m3(div_rn(div_rn(am, s_out, interpret=interpret), E2M1_MAX, interpret=interpret))
+    s_ins.append(jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in))
   return s_out, s_ins
 
 
-def _quantize_tile(load_sub, division: Division = "exact"):
+def _quantize_tile(load_sub, interpret: bool, division: Division = "exact"):
   """Shared tile math for one 128-wide block per row (all rows of the tile).
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
       values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
+    interpret: the body runs in the interpreter (kernels._division).
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
       block, then RNE of x * r) or "hardware" (the plain 1 / s: timing only,
       not bitwise).
@@ -100,11 +101,11 @@ def _quantize_tile(load_sub, division: Division = "exact"):
     for p in parts[1:]:
       am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
     amax_in.append(am)
-  s_out, s_ins = tile_scales(amax_in)
+  s_out, s_ins = tile_scales(amax_in, interpret)
   codes, qss = [], []
   for parts, s_in in zip(xs, s_ins):
     s = s_in * s_out
-    r = reciprocal_rn(s, kernel=True) if division == "exact" else 1.0 / s  # per row, shared by the parts
+    r = reciprocal_rn(s, interpret=interpret) if division == "exact" else 1.0 / s  # per row, shared by the parts
     cs, qs = [], []
     for x in parts:
       idx = nearest_index(flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]))
@@ -165,7 +166,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       return
     evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
     odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
-    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), division)
+    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret, division)
     store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
   else:
     def load_sub(c):
@@ -175,7 +176,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       raws = [lax.bitcast_convert_type(load_sub(c)[0], jnp.uint32) for c in range(OUTER // INNER)]
       store_trivial_tile(raws, bm, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
       return
-    codes, qss, s_ins, s_out = _quantize_tile(load_sub, division)
+    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret, division)
     s_out_ref[0, :] = s_out
     for c in range(OUTER // INNER):
       s_in_ref[c, :] = s_ins[c]

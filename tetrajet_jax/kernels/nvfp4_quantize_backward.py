@@ -55,13 +55,13 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels._division import reciprocal_rn
 from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, store_packed_tile,
                                            store_trivial_tile, tile_scales)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
 from tetrajet_jax.numerics.e2m1 import flush_subnormal, stochastic_index
-from tetrajet_jax.numerics.scales import reciprocal_rn
 
 
 def transform_matrix(signs_16: jax.Array) -> jax.Array:
@@ -95,13 +95,14 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
+def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, division: Division = "exact"):
   """Scales + SR of one [bm, 128] block per row.
 
   Args:
     evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
       16c + 2i and 16c + 2i + 1.
     key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
+    interpret: the body runs in the interpreter (kernels._division).
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
       block, then e2m1.stochastic_index of |y| r) or "hardware" (the plain
       1 / s: timing only, not bitwise).
@@ -111,7 +112,7 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
     likewise float32 q * s_in, s_in[c] float32 [bm], s_out float32 [bm].
   """
   amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
-  s_out, s_ins = tile_scales(amax_in)
+  s_out, s_ins = tile_scales(amax_in, interpret)
   bm = evens[0].shape[0]
   i = lax.broadcasted_iota(jnp.int32, (bm, 8), 1)
   keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
@@ -119,7 +120,7 @@ def _quantize_tile(evens, odds, key_rows, col0, division: Division = "exact"):
   expand = lambda v: lax.broadcast_in_dim(v, (bm, 8), [0])
   for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
     s = s_in * s_out
-    r = expand(reciprocal_rn(s, kernel=True) if division == "exact" else 1.0 / s)  # per row, shared by both parities
+    r = expand(reciprocal_rn(s, interpret=interpret) if division == "exact" else 1.0 / s)  # per row, shared by both parities
     s_in_b = expand(s_in)
     # One hash per (even, odd) pair: pair index = column // 2.
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
@@ -342,7 +343,7 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
       half = OUTER // 2
       evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
       odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, _division)
+      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret, _division)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
       store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,

@@ -23,13 +23,13 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 
 
-def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, kernel: bool = False) -> jax.Array:
+def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, integer: bool = False) -> jax.Array:
   """x / y in float32, correctly rounded (IEEE round-to-nearest-even), on every
-  backend and inside Pallas kernels; subnormal operands and results flush to 0.
+  on every backend; subnormal operands and results flush to 0.
 
   Why not a bare `x / y`: XLA on NVIDIA GPUs lowers f32 division to
   `div.full.f32` (up to 2 ulp; about a quarter of quotients are 1 ulp off, even
-  a / a != 1), Mosaic GPU kernels get an approximate division as well, and
+  a / a != 1), and
   XLA's simplifier rewrites `x / c` as `x * (1 / c)` and merges chained
   divisions. The spec's per-block scale arithmetic (amax / 448 / 6,
   amax_16 / s_out / 6, and the reciprocal 1 / s the elements are multiplied
@@ -45,9 +45,9 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, kernel: bool = Fa
   - anything else: the hardware quotient is only an estimate, and the rounding
     is decided in exact integer arithmetic (`div_rn_from_estimate`), which no
     compiler rewrites. The flush of subnormals is explicit, as on the CPU.
-  kernel=True (inside a Pallas kernel body, which Mosaic lowers for one GPU
-  and where no platform switch exists): always the integer-decided quotient;
-  in interpret mode on a CPU it is the same IEEE quotient.
+  integer=True: the integer-decided quotient on every platform (how the CPU
+  tests check the path the GPU runs). The Pallas kernels have their own
+  single-instruction division (`kernels._division`).
 
   `y` may be a Python float (a constant divisor: its fields are computed at
   trace time). `positive_divisor=True` promises a positive normal finite y
@@ -65,7 +65,7 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, kernel: bool = Fa
     y = jnp.asarray(y, jnp.float32)
   integer_decided = lambda x, y_arr: div_rn_from_estimate(
       x, y if isinstance(y, float) else y_arr, x / y_arr, positive_divisor=positive_divisor)
-  if kernel:
+  if integer:
     return integer_decided(x, y)
   y_arr = jnp.full(x.shape, y, jnp.float32) if isinstance(y, float) else y
   return lax.platform_dependent(x, y_arr, cpu=_cpu_quotient, default=integer_decided)
@@ -166,7 +166,7 @@ def div_rn_from_estimate(x: jax.Array, y, q0: jax.Array, *, positive_divisor: bo
   return jnp.where(jnp.where(ex == 255, ey, 0) == 255, nan, out)  # inf / inf
 
 
-def reciprocal_rn(s: jax.Array, *, kernel: bool = False) -> jax.Array:
+def reciprocal_rn(s: jax.Array, *, integer: bool = False) -> jax.Array:
   """fp32(1 / s), correctly rounded, for scales s > 0 (once per block: the
   elements are then multiplied by it, never divided).
 
@@ -176,13 +176,13 @@ def reciprocal_rn(s: jax.Array, *, kernel: bool = False) -> jax.Array:
   beyond any scale of a finite input) flushes to 0; NaN gives NaN.
   """
   s = jnp.asarray(s, jnp.float32)
-  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True, kernel=kernel)
+  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True, integer=integer)
   return jnp.where(s < 2.0**-126, jnp.inf, r)  # single compare feeding a select (Mosaic GPU)
 
 
-def div_by_constant(x: jax.Array, c: float, *, kernel: bool = False) -> jax.Array:
+def div_by_constant(x: jax.Array, c: float) -> jax.Array:
   """x / c, correctly rounded (see div_rn): the spec's "divide by 448, then by 6"."""
-  return div_rn(x, float(c), kernel=kernel)
+  return div_rn(x, float(c))
 
 
 def exp2_int(e: jax.Array) -> jax.Array:
