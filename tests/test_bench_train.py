@@ -15,13 +15,15 @@ def _row(arm, tok, comp, **kw):
 
 
 def test_ratios_are_to_the_same_models_bf16_row():
-  rows = train_steps.with_ratios([_row("bf16", 1000.0, 5.0), _row("tetrajet_v2", 250.0, 20.0),
+  rows = train_steps.with_ratios([_row("bf16", 1000.0, 5.0),
+                                  _row("tetrajet_v2", 250.0, 20.0, compile_stages=dict(lower_s=12.5)),
                                   dict(kind="train", model="20m", arm="nvidia_nvfp4", error="rc 1: boom")])
   assert rows[0]["vs_bf16_tokens_per_s"] == 1.0 and rows[0]["vs_bf16_compile"] == 1.0
   assert rows[1]["vs_bf16_tokens_per_s"] == 0.25 and rows[1]["vs_bf16_compile"] == 4.0
   assert "vs_bf16_tokens_per_s" not in rows[2]
   text = train_steps.table(dict(rows=rows))
-  assert "| 20m | tetrajet_v2 | 250 | 0.25x | 0.0 | 20.0 | 4.0x | - |" in text
+  assert "| 20m | tetrajet_v2 | 250 | 0.25x | 0.0 | 20.0 | 4.0x | 12.5 | - |" in text
+  assert "| 20m | bf16 | 1,000 | 1.00x | 0.1 | 5.0 | 1.0x | - | - |" in text  # a row without the breakdown
   assert "| 20m | nvidia_nvfp4 | failed: rc 1: boom |" in text
 
 
@@ -45,6 +47,8 @@ def test_a_tiny_bf16_step_is_measured_in_its_own_process(tmp_path):
   (row,) = result["rows"]
   assert "error" not in row, row
   assert row["tokens_per_s"] > 0 and row["compile_s"] > 0 and row["phases"] == ["fp4"]
+  stages = row["compile_stages"]
+  assert 0 < stages["lower_s"] < row["compile_s"] and stages["backend_compile_s"] > 0, stages
   assert row["vs_bf16_tokens_per_s"] == 1.0 and row["device"] == result["device"]
   assert json.loads(out.read_text()) == result
 

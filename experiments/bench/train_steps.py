@@ -12,7 +12,10 @@ memory is that arm's own. Per arm it reports
 
 - compile: wall time of `Trainer.precompile(evaluation=False)`, every train
   step the arm's run compiles (an OutControl arm: its calibrating and frozen
-  steps, side by side, as a run does);
+  steps, side by side, as a run does), and where it went by JAX's own
+  compile events: tracing, lowering to MLIR (which includes emitting each
+  Pallas kernel's Mosaic module) and XLA's backend compile (summed over
+  functions compiled in parallel);
 - tokens/s and model TFLOP/s over ``--steps`` steady-state steps, after
   ``--warmup`` steps (OutControl arms calibrate on update 0 and are frozen
   from update 1, the phase a run spends nearly all its steps in);
@@ -32,6 +35,7 @@ import sys
 import time
 
 import jax
+import jax.monitoring
 import numpy as np
 
 from experiments.bench.timing import commit_id, device_name
@@ -44,6 +48,10 @@ RESULT_TAG = "BENCH_TRAIN_RESULT "
 SCAN_CHOICES = {"default": None, "on": True, "off": False}
 # Long enough that no arm's schedule refuses its OsciReset windows; only the first steps run.
 NOMINAL_TOTAL_STEPS = 10_000
+# JAX's compile-stage events (jax._src.dispatch) -> the row's key for their summed seconds.
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+                  "/jax/core/compile/backend_compile_duration": "backend_compile_s"}
 
 
 def bench_config(spec: dict) -> TrainConfig:
@@ -62,9 +70,17 @@ def measure(spec: dict) -> dict:
                    val_tokens=rng.integers(0, spec["vocab"], 2 * b * t + 1, dtype=np.uint16),
                    vocab_size=spec["vocab"])
   trainer = Trainer(bench_config(spec), data, progress=False, tensorboard=False)
+  stages = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
+
+  def on_event(event: str, seconds: float, **kwargs) -> None:
+    if event in COMPILE_EVENTS:
+      stages[COMPILE_EVENTS[event]] += seconds
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
   t0 = time.perf_counter()
   phases = trainer.precompile(evaluation=False)
   compile_s = time.perf_counter() - t0
+  jax.monitoring.unregister_event_duration_listener(on_event)
   t0 = time.perf_counter()
   trainer.train(spec["warmup"])
   warmup_s = time.perf_counter() - t0
@@ -72,7 +88,8 @@ def measure(spec: dict) -> dict:
   last = trainer.history[-1]
   stats = jax.devices()[0].memory_stats() or {}
   peak = stats.get("peak_bytes_in_use")
-  return dict(kind="train", model=spec["model"], arm=spec["arm"], phases=phases, compile_s=compile_s, warmup_s=warmup_s,
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], phases=phases, compile_s=compile_s,
+              compile_stages=stages, warmup_s=warmup_s,
               tokens_per_s=last["perf/tokens_per_s"], model_tflops_per_s=last["perf/model_tflops_per_s"],
               step_ms=last["perf/step_time_s"] * 1e3, peak_gib=None if peak is None else peak / 2**30,
               loss=last["train/loss"], attention=trainer.model_config.attention,
@@ -103,15 +120,17 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 
 def table(result: dict) -> str:
   """The rows as a markdown table (also what docs/PERFORMANCE.md shows)."""
-  lines = ["| model | arm | tokens/s | vs bf16 | model TFLOP/s | compile s | vs bf16 | peak GiB |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| model | arm | tokens/s | vs bf16 | model TFLOP/s | compile s | vs bf16 | of which lowering s | peak GiB |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     if "error" in r:
-      lines.append(f"| {r['model']} | {r['arm']} | failed: {r['error']} | | | | | |")
+      lines.append(f"| {r['model']} | {r['arm']} | failed: {r['error']} | | | | | | |")
       continue
     peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+    lowering = r.get("compile_stages", {}).get("lower_s")  # absent in files written before it was measured
+    lowering = "-" if lowering is None else f"{lowering:.1f}"
     lines.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} | {r['vs_bf16_tokens_per_s']:.2f}x | "
-                 f"{r['model_tflops_per_s']:.1f} | {r['compile_s']:.1f} | {r['vs_bf16_compile']:.1f}x | {peak} |")
+                 f"{r['model_tflops_per_s']:.1f} | {r['compile_s']:.1f} | {r['vs_bf16_compile']:.1f}x | {lowering} | {peak} |")
   return "\n".join(lines)
 
 

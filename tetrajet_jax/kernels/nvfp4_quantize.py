@@ -79,20 +79,22 @@ def tile_scales(amax_in: list, interpret: bool) -> tuple[jax.Array, list]:
   return s_out, s_ins
 
 
-def _quantize_tile(load_sub, interpret: bool, division: Division = "exact"):
+def _quantize_tile(load_sub, interpret: bool, with_operand: bool, division: Division = "exact"):
   """Shared tile math for one 128-wide block per row (all rows of the tile).
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
       values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
     interpret: the body runs in the interpreter (kernels._division).
+    with_operand: also compute q * s_in (otherwise qs[c] is None: unused ops
+      would still be lowered, and lowering time is what a train step waits on).
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
       block, then RNE of x * r) or "hardware" (the plain 1 / s: timing only,
       not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] / qs[c] are tuples matching load_sub(c)
-    (int32 E2M1 codes; float32 q * s_in), s_in[c] float32 [bm], s_out [bm].
+    (int32 E2M1 codes; float32 q * s_in or None), s_in[c] float32 [bm], s_out [bm].
   """
   xs = [load_sub(c) for c in range(OUTER // INNER)]
   amax_in = []
@@ -111,10 +113,11 @@ def _quantize_tile(load_sub, interpret: bool, division: Division = "exact"):
       idx = nearest_index(flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]))
       neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
-      mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
-      qs.append(jnp.where(neg, -mag, mag))
+      if with_operand:
+        mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
+        qs.append(jnp.where(neg, -mag, mag))
     codes.append(tuple(cs))
-    qss.append(tuple(qs))
+    qss.append(tuple(qs) if with_operand else None)
   return codes, qss, s_ins, s_out
 
 
@@ -166,7 +169,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       return
     evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
     odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
-    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret, division)
+    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret, bool(qs_refs), division)
     store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
   else:
     def load_sub(c):
@@ -176,7 +179,7 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       raws = [lax.bitcast_convert_type(load_sub(c)[0], jnp.uint32) for c in range(OUTER // INNER)]
       store_trivial_tile(raws, bm, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
       return
-    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret, division)
+    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret, bool(qs_refs), division)
     s_out_ref[0, :] = s_out
     for c in range(OUTER // INNER):
       s_in_ref[c, :] = s_ins[c]

@@ -95,7 +95,7 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, division: Division = "exact"):
+def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, with_operand: bool, division: Division = "exact"):
   """Scales + SR of one [bm, 128] block per row.
 
   Args:
@@ -103,13 +103,14 @@ def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, division: Divis
       16c + 2i and 16c + 2i + 1.
     key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
     interpret: the body runs in the interpreter (kernels._division).
+    with_operand: also compute q * s_in (otherwise qs[c] is None).
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
       block, then e2m1.stochastic_index of |y| r) or "hardware" (the plain
       1 / s: timing only, not bitwise).
 
   Returns:
     (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
-    likewise float32 q * s_in, s_in[c] float32 [bm], s_out float32 [bm].
+    likewise float32 q * s_in (or None), s_in[c] float32 [bm], s_out float32 [bm].
   """
   amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
   s_out, s_ins = tile_scales(amax_in, interpret)
@@ -121,7 +122,6 @@ def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, division: Divis
   for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
     s = s_in * s_out
     r = expand(reciprocal_rn(s, interpret=interpret) if division == "exact" else 1.0 / s)  # per row, shared by both parities
-    s_in_b = expand(s_in)
     # One hash per (even, odd) pair: pair index = column // 2.
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
     cs, qs = [], []
@@ -129,10 +129,11 @@ def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, division: Divis
       idx = stochastic_index(flush_subnormal(jnp.abs(x)) * r, bits)
       neg = (x < 0.0) & (idx > 0)
       cs.append(jnp.where(neg, idx | 8, idx))
-      mag = _index_magnitude(idx) * s_in_b
-      qs.append(jnp.where(neg, -mag, mag))
+      if with_operand:
+        mag = _index_magnitude(idx) * expand(s_in)
+        qs.append(jnp.where(neg, -mag, mag))
     codes.append(cs)
-    qss.append(qs)
+    qss.append(qs if with_operand else None)
   return codes, qss, s_ins, s_out
 
 
@@ -343,7 +344,7 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
       half = OUTER // 2
       evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
       odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret, _division)
+      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret, emit_operand, _division)
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
       store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,
