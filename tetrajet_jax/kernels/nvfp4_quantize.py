@@ -60,82 +60,92 @@ Division = Literal["exact", "hardware"]
 Math = Literal["full", "none"]
 
 
-def tile_scales(amax_in: list, interpret: bool) -> tuple[jax.Array, list]:
-  """Double-block scales of one tile from its eight inner-block amaxes [bm]:
-  s_out = amax / 448 / 6 (0 -> 1, NaN/Inf block -> NaN) and per inner block
-  s_in = e4m3(amax_16 / s_out / 6) (0 -> 2^-9). The reference's formulas,
-  with correctly rounded divisions (kernels._division); shared by the RTN
-  and the backward kernel."""
+def outer_scale(amax_in: list, interpret: bool) -> jax.Array:
+  """s_out [bm] of one tile from its eight inner-block amaxes [bm]: amax / 448 / 6
+  (0 -> 1, NaN/Inf block -> NaN), the reference's formula with correctly rounded
+  divisions (kernels._division)."""
   amax = amax_in[0]
   for a in amax_in[1:]:
     amax = jnp.maximum(amax, a)  # NaN-propagating
   s_out = div_rn(div_rn(amax, E4M3_MAX, interpret=interpret), E2M1_MAX, interpret=interpret)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
-  s_out = jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
-  s_ins = []
-  for am in amax_in:
-    s_in = round_to_e4m3(div_rn(div_rn(am, s_out, interpret=interpret), E2M1_MAX, interpret=interpret))
-    s_ins.append(jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in))
-  return s_out, s_ins
+  return jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
 
 
-def _quantize_tile(load_sub, interpret: bool, with_operand: bool, division: Division = "exact"):
-  """Shared tile math for one 128-wide block per row (all rows of the tile).
+def inner_scale(amax_16: jax.Array, s_out: jax.Array, interpret: bool) -> jax.Array:
+  """s_in [bm] of one inner block: e4m3(amax_16 / s_out / 6) (0 -> 2^-9)."""
+  s_in = round_to_e4m3(div_rn(div_rn(amax_16, s_out, interpret=interpret), E2M1_MAX, interpret=interpret))
+  return jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
+
+
+def _abs_max(parts) -> jax.Array:
+  """Row amax [bm] over the parts (f32 [bm, w]) of one inner block."""
+  am = jnp.max(jnp.abs(parts[0]), axis=1)
+  for p in parts[1:]:
+    am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
+  return am
+
+
+def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, interpret: bool,
+                  with_operand: bool, division: Division = "exact") -> None:
+  """Quantizes one [bm, 128] tile (one outer block per row) and writes it; shared by the RTN and
+  the backward kernel.
+
+  The eight inner blocks are one loop, not eight unrolled copies: Mosaic GPU's
+  module emission and layout inference take time per op, and that lowering
+  time is what a train step waits on before XLA compiles. s_out needs every
+  inner block's amax, so the amaxes are a first (unrolled, cheap) pass; the
+  loop reloads its block from SMEM and recomputes that block's amax rather
+  than indexing registers by the loop counter, which a kernel cannot do.
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
-      values of inner block c (one [bm, 16] array, or even/odd [bm, 8] halves).
+      values of inner block c (c is a Python int in the first pass and a
+      traced index in the loop).
+    round_parts: (c, scaled) -> int32 E2M1 magnitude indices, one per part,
+      of the parts' |x| r (RNE for RTN; SR for the backward kernel).
+    store_sub: (c, codes, qs) -> None: writes block c's int32 codes per part
+      (sign in bit 3) and, with_operand, float32 q * s_in per part (else None).
+    s_in_ref, s_out_ref: SMEM [8, bm] and [1, bm] float32 scale outputs.
     interpret: the body runs in the interpreter (kernels._division).
-    with_operand: also compute q * s_in (otherwise qs[c] is None: unused ops
-      would still be lowered, and lowering time is what a train step waits on).
+    with_operand: also compute q * s_in.
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
-      block, then RNE of x * r) or "hardware" (the plain 1 / s: timing only,
-      not bitwise).
-
-  Returns:
-    (codes, qs, s_in, s_out): codes[c] / qs[c] are tuples matching load_sub(c)
-    (int32 E2M1 codes; float32 q * s_in or None), s_in[c] float32 [bm], s_out [bm].
+      block, then rounding of |x| r) or "hardware" (the plain 1 / s: timing
+      only, not bitwise).
   """
-  xs = [load_sub(c) for c in range(OUTER // INNER)]
-  amax_in = []
-  for parts in xs:
-    am = jnp.max(jnp.abs(parts[0]), axis=1)
-    for p in parts[1:]:
-      am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
-    amax_in.append(am)
-  s_out, s_ins = tile_scales(amax_in, interpret)
-  codes, qss = [], []
-  for parts, s_in in zip(xs, s_ins):
+  s_out = outer_scale([_abs_max(load_sub(c)) for c in range(OUTER // INNER)], interpret)
+  s_out_ref[0, :] = s_out
+
+  @pl.loop(0, OUTER // INNER)
+  def _(c):
+    parts = load_sub(c)
+    s_in = inner_scale(_abs_max(parts), s_out, interpret)
+    s_in_ref[c, :] = s_in
     s = s_in * s_out
     r = reciprocal_rn(s, interpret=interpret) if division == "exact" else 1.0 / s  # per row, shared by the parts
-    cs, qs = [], []
-    for x in parts:
-      idx = nearest_index(flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]))
+    idxs = round_parts(c, [flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(r, x.shape, [0]) for x in parts])
+    codes, qs = [], []
+    for x, idx in zip(parts, idxs):
       neg = (x < 0.0) & (idx > 0)
-      cs.append(jnp.where(neg, idx | 8, idx))
+      codes.append(jnp.where(neg, idx | 8, idx))
       if with_operand:
         mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
         qs.append(jnp.where(neg, -mag, mag))
-    codes.append(tuple(cs))
-    qss.append(tuple(qs) if with_operand else None)
-  return codes, qss, s_ins, s_out
+    store_sub(c, codes, qs if with_operand else None)
 
 
-def store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_ref=None) -> None:
-  """Writes one quantized 128-wide tile from even/odd element pairs: packed codes
-  (element 2i in the low nibble), E4M3-valued inner scales, the outer scale, and
-  optionally the exact bf16 q*s_in operand as uint32 words holding two bf16."""
-  s_out_ref[0, :] = s_out
-  for c in range(OUTER // INNER):
-    s_in_ref[c, :] = s_ins[c]
-    sub = (slice(None), pl.ds(c * INNER // 2, INNER // 2))
-    ce, co = codes[c]
+def packed_store(codes_ref, qs_ref=None):
+  """store_sub of `quantize_tile` for even/odd element pairs: packed codes (element 2i in the
+  low nibble) and optionally the exact bf16 q * s_in as uint32 words holding two bf16."""
+  def store(c, codes, qs):
+    sub = (slice(None), pl.ds(c * (INNER // 2), INNER // 2))
+    ce, co = codes
     codes_ref[sub] = (ce | (co << 4)).astype(jnp.uint8)
-    if qs_ref is not None:
-      qe, qo = qss[c]
-      lo = lax.bitcast_convert_type(qe, jnp.uint32) >> 16  # exact bf16 values: low bits are 0
-      hi = lax.bitcast_convert_type(qo, jnp.uint32) & jnp.uint32(0xFFFF0000)
+    if qs is not None:
+      lo = lax.bitcast_convert_type(qs[0], jnp.uint32) >> 16  # exact bf16 values: low bits are 0
+      hi = lax.bitcast_convert_type(qs[1], jnp.uint32) & jnp.uint32(0xFFFF0000)
       qs_ref[sub] = lo | hi
+  return store
 
 
 def store_trivial_tile(raws, bm: int, codes_ref, s_in_ref, s_out_ref, qs_ref=None) -> None:
@@ -154,6 +164,12 @@ def store_trivial_tile(raws, bm: int, codes_ref, s_in_ref, s_out_ref, qs_ref=Non
           (r >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
+def _rtn_rounding(c, scaled):
+  """round_parts of `quantize_tile` for RTN: E2M1 round to nearest even of each part."""
+  del c
+  return [nearest_index(y) for y in scaled]
+
+
 def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: Packing, division: Division,
                      math: Math, interpret: bool):
   """x_ref: [bm, 128] (f32/bf16; "xla") or uint32 [bm, 64] (bf16 pairs; "pairs")."""
@@ -162,31 +178,35 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
     # Word j of a row holds elements 2j (low half) and 2j+1 (high half); a
     # bf16's bits in the high half of a float32 are its exact value.
     def load_words(c):
-      return plgpu.load(x_ref.at[:, pl.ds(c * INNER // 2, INNER // 2)], layout=plgpu.Layout.WGMMA)
-    words = [load_words(c) for c in range(OUTER // INNER)]
+      return plgpu.load(x_ref.at[:, pl.ds(c * INNER // 2, INNER // 2)], layout=plgpu.Layout.WGMMA,
+                        optimized=False)
     if math == "none":
+      words = [load_words(c) for c in range(OUTER // INNER)]
       store_trivial_tile(words, bm, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
       return
-    evens = [lax.bitcast_convert_type(w << 16, jnp.float32) for w in words]
-    odds = [lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32) for w in words]
-    codes, qss, s_ins, s_out = _quantize_tile(lambda c: (evens[c], odds[c]), interpret, bool(qs_refs), division)
-    store_packed_tile(codes, qss, s_ins, s_out, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
+
+    def load_pair(c):
+      w = load_words(c)
+      return (lax.bitcast_convert_type(w << 16, jnp.float32),
+              lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32))
+    quantize_tile(load_pair, _rtn_rounding, packed_store(codes_ref, qs_refs[0] if qs_refs else None),
+                  s_in_ref, s_out_ref, interpret=interpret, with_operand=bool(qs_refs), division=division)
   else:
     def load_sub(c):
-      return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)],
-                         layout=plgpu.Layout.WGMMA).astype(jnp.float32),)
+      return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)], layout=plgpu.Layout.WGMMA,
+                         optimized=False).astype(jnp.float32),)
     if math == "none":
       raws = [lax.bitcast_convert_type(load_sub(c)[0], jnp.uint32) for c in range(OUTER // INNER)]
       store_trivial_tile(raws, bm, codes_ref, s_in_ref, s_out_ref, qs_refs[0] if qs_refs else None)
       return
-    codes, qss, s_ins, s_out = _quantize_tile(load_sub, interpret, bool(qs_refs), division)
-    s_out_ref[0, :] = s_out
-    for c in range(OUTER // INNER):
-      s_in_ref[c, :] = s_ins[c]
+
+    def store_sub(c, codes, qs):
       sub = (slice(None), pl.ds(c * INNER, INNER))
-      codes_ref[sub] = codes[c][0].astype(jnp.uint8)
-      if qs_refs:
-        qs_refs[0][sub] = qss[c][0].astype(jnp.bfloat16)
+      codes_ref[sub] = codes[0].astype(jnp.uint8)
+      if qs is not None:
+        qs_refs[0][sub] = qs[0].astype(jnp.bfloat16)
+    quantize_tile(load_sub, _rtn_rounding, store_sub, s_in_ref, s_out_ref, interpret=interpret,
+                  with_operand=bool(qs_refs), division=division)
 
 
 @_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",

@@ -45,7 +45,6 @@ marks NaN anyway).
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.experimental.pallas as pl
@@ -55,13 +54,12 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.kernels._division import reciprocal_rn
-from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, _index_magnitude, store_packed_tile,
-                                           store_trivial_tile, tile_scales)
+from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, packed_store, quantize_tile,
+                                           store_trivial_tile)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
-from tetrajet_jax.numerics.e2m1 import flush_subnormal, stochastic_index
+from tetrajet_jax.numerics.e2m1 import stochastic_index
 
 
 def transform_matrix(signs_16: jax.Array) -> jax.Array:
@@ -95,46 +93,18 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _quantize_tile(evens, odds, key_rows, col0, interpret: bool, with_operand: bool, division: Division = "exact"):
-  """Scales + SR of one [bm, 128] block per row.
-
-  Args:
-    evens, odds: per inner block c, f32 [bm, 8] (WGMMA layout): y's elements
-      16c + 2i and 16c + 2i + 1.
-    key_rows: uint32 [bm] row keys; col0: canonical column of the block start.
-    interpret: the body runs in the interpreter (kernels._division).
-    with_operand: also compute q * s_in (otherwise qs[c] is None).
-    division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
-      block, then e2m1.stochastic_index of |y| r) or "hardware" (the plain
-      1 / s: timing only, not bitwise).
-
-  Returns:
-    (codes, qs, s_in, s_out): codes[c] = (even, odd) int32 E2M1 codes, qs[c]
-    likewise float32 q * s_in (or None), s_in[c] float32 [bm], s_out float32 [bm].
-  """
-  amax_in = [jnp.maximum(jnp.max(jnp.abs(e), axis=1), jnp.max(jnp.abs(o), axis=1)) for e, o in zip(evens, odds)]
-  s_out, s_ins = tile_scales(amax_in, interpret)
-  bm = evens[0].shape[0]
-  i = lax.broadcasted_iota(jnp.int32, (bm, 8), 1)
-  keys = lax.broadcast_in_dim(key_rows, (bm, 8), [0])
-  codes, qss = [], []
-  expand = lambda v: lax.broadcast_in_dim(v, (bm, 8), [0])
-  for c, (ev, od, s_in) in enumerate(zip(evens, odds, s_ins)):
-    s = s_in * s_out
-    r = expand(reciprocal_rn(s, interpret=interpret) if division == "exact" else 1.0 / s)  # per row, shared by both parities
-    # One hash per (even, odd) pair: pair index = column // 2.
+def _sr_rounding(key_rows, col0):
+  """round_parts of `quantize_tile` for stochastic rounding of one [bm, 128] block per row whose
+  parts are the even and odd elements of inner block c: one hash per (even, odd) pair, its low
+  16 bits for the even element and its high 16 for the odd (counter_rng; pair index = column // 2)."""
+  def round_parts(c, scaled):
+    ev, od = scaled
+    bm = ev.shape[0]
+    i = lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1)
+    keys = lax.broadcast_in_dim(key_rows, (bm, INNER // 2), [0])
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
-    cs, qs = [], []
-    for bits, x in ((low_bits(h), ev), (high_bits(h), od)):
-      idx = stochastic_index(flush_subnormal(jnp.abs(x)) * r, bits)
-      neg = (x < 0.0) & (idx > 0)
-      cs.append(jnp.where(neg, idx | 8, idx))
-      if with_operand:
-        mag = _index_magnitude(idx) * expand(s_in)
-        qs.append(jnp.where(neg, -mag, mag))
-    codes.append(cs)
-    qss.append(qs if with_operand else None)
-  return codes, qss, s_ins, s_out
+    return [stochastic_index(ev, low_bits(h)), stochastic_index(od, high_bits(h))]
+  return round_parts
 
 
 def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math):
@@ -342,13 +312,13 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
       y_smem[...] = y
       plgpu.commit_smem()
       half = OUTER // 2
-      evens = [plgpu.load(y_smem.at[:, pl.ds(c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      odds = [plgpu.load(y_smem.at[:, pl.ds(half + c * 8, 8)], layout=plgpu.Layout.WGMMA) for c in range(8)]
-      codes, qss, s_ins, s_out = _quantize_tile(evens, odds, key_rows, j * OUTER, interpret, emit_operand, _division)
+      load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, INNER // 2)], layout=plgpu.Layout.WGMMA, optimized=False)
+      pairs = lambda c: (load(c * (INNER // 2)), load(half + c * (INNER // 2)))
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
-      store_packed_tile(codes, qss, s_ins, s_out, codes_s, s_in_s, s_out_s,
-                        outs_smem[3].at[slot] if emit_operand else None)
+      quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER),
+                    packed_store(codes_s, outs_smem[3].at[slot] if emit_operand else None), s_in_s, s_out_s,
+                    interpret=interpret, with_operand=emit_operand, division=_division)
       plgpu.commit_smem()
       copy_out(j, slot)
       if emit_transformed:
