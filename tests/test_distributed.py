@@ -17,12 +17,17 @@ can flip one FP4 code when its input moved by an ulp (a ~1e-4 relative change
 of a handful of gradient elements), and Adam divides by sqrt(v) + eps, so
 gradient elements near eps turn ulp differences into a visible fraction of
 the step. Hence: loss, gradient norm and later-step metrics within 1e-5
-relative; every parameter within 1% of the step-0 learning rate (one Adam
-step is at most ~lr), and at least 99.9% of each parameter's elements within
-1e-6 of its largest magnitude; OutControl statistics within 1e-6 relative;
-the OsciReset reset counts and the frozen OutControl channels exactly equal.
-Measured on CPU: max parameter difference 1.2e-5 (lr 3e-3), 6 of 230k
-elements beyond 1e-6 relative.
+relative; each step-0 gradient leaf within 5e-3 of its largest magnitude
+(changed SR decisions, not reduction order, set this); at least 99.9% of the
+parameters' elements within 1e-6 of their leaf's largest magnitude after the
+update (a parameter's own difference is no bound: Adam divides each element
+by its own gradient's magnitude, so a small gradient that an SR decision
+moved moves its update by a fraction of the LR); OutControl statistics within
+1e-6 relative; the OsciReset reset counts and the frozen OutControl channels
+exactly equal. Measured on CPU: gradients within 1.2e-3 of their leaf's
+largest (qkv, and through its dX the embedding), 8 of 230k parameter
+elements beyond 1e-6, the largest 0.19 lr (a qkv element whose gradient was
+6e-7, 60 x Adam's eps, on one device and 4e-8 on the meshes).
 """
 
 from __future__ import annotations
@@ -43,7 +48,6 @@ from tetrajet_jax.train import TrainConfig, distributed
 from tetrajet_jax.train import sharding as sh
 
 REPO = Path(__file__).resolve().parents[1]
-LR0 = 3e-3  # step-0 LR of the worker's config (peak 3e-3, warmup 1)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +74,8 @@ def test_one_step_matches_single_device(results, mesh):
   for a, b in zip(got["metrics"], ref["metrics"]):
     for k in ("train/loss", "train/ce", "train/grad_norm", "train/param_norm"):
       assert a[k] == pytest.approx(b[k], rel=1e-5), (mesh, k)
-  assert got["param_max_abs_after0"] <= 0.01 * LR0, got["param_max_abs_after0"]
-  assert got["param_frac_beyond_1e-6_after0"] <= 1e-3
+  assert got["grad_max_rel_after0"] <= 5e-3, got["grad_max_rel_after0"]
+  assert got["param_frac_beyond_1e-6_after0"] <= 1e-3, got["param_frac_beyond_1e-6_after0"]
   assert got["stats_diff_after1"] <= 1e-6
 
 
