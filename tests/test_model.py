@@ -201,7 +201,9 @@ def _loss_grads_state(model, tokens):
 @pytest.mark.parametrize("recipe", ["bf16", "nvidia_nvfp4", "tetrajet_v2_outcontrol"])
 def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
   """scan_blocks (one compiled block graph per run of equal blocks) computes the unrolled model."""
-  cfg = ModelConfig(name="test", num_layers=4, d_model=128, num_heads=2, mlp_hidden=256, vocab_size=200)
+  # 3 blocks: the fewest where NVIDIA's recipe still scans a run of several (its last block is bf16).
+  cfg = ModelConfig(name="test", num_layers=3, d_model=128, num_heads=2, mlp_hidden=256, vocab_size=200)
+  last = f"layers_{cfg.num_layers - 1}"
   tokens = jax.random.randint(key, (2, 65), 0, cfg.vocab_size)
   out = {}
   for scan in (True, False):
@@ -209,11 +211,11 @@ def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
     quant_linear.set_outcontrol_phase(model, "calibrate")  # OutControl statistics must come back per block
     out[scan] = _loss_grads_state(model, tokens)
   runs = [len(blocks) for _, blocks in model._block_runs()]  # pylint: disable=protected-access
-  assert runs == ([3, 1] if recipe == "nvidia_nvfp4" else [4])  # NVIDIA: the last block stays bf16
+  assert runs == ([2, 1] if recipe == "nvidia_nvfp4" else [3])  # NVIDIA: the last block stays bf16
   (l1, g1, s1), (l0, g0, s0) = out[True], out[False]
   assert float(l1) == float(l0)  # the forward is the same computation
   chex.assert_trees_all_equal(s1, s0)  # key counters and OutControl statistics, per block
-  down = s1["layers_3"]["mlp"]["down"]
+  down = s1[last]["mlp"]["down"]
   assert int(down.get("key_count", 0)) == (1 if recipe == "tetrajet_v2_outcontrol" else 0)  # bf16: plain nnx.Linear
   def rel(a, b):
     return max(float(jnp.linalg.norm(x - y) / (jnp.linalg.norm(y) + 1e-30))
@@ -226,7 +228,7 @@ def test_scanned_blocks_equal_the_unrolled_loop(key, recipe):
   # FP4: the last block's gradients differ by summation order only; below it, an ulp of
   # difference in dX can flip a stochastic rounding of the next dY, so the estimates then
   # differ by SR noise: equal in norm, not elementwise.
-  assert rel(g1["layers_3"], g0["layers_3"]) < 1e-2
+  assert rel(g1[last], g0[last]) < 1e-2
   n1, n0 = (float(jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))) for g in (g1, g0))
   assert abs(n1 - n0) < 0.02 * n0
 
