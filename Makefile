@@ -8,8 +8,9 @@ setup:
 demo: setup
 	$(PY) -m experiments.demo
 
+# --dist loadfile: a module's tests run on one worker, so tests of one run share its compiled steps.
 test: setup
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 test-fast: setup
 	$(PY) -m pytest -q -x -m "not slow" tests

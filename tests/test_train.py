@@ -16,9 +16,13 @@ from tetrajet_jax.train.checkpointing import DamagedCheckpointWarning
 from tetrajet_jax.train.trainer import inject_nan
 
 
+# Tests that train an arm use one run (this config, plus logging fields such as checkpoint_every) where
+# they can: Trainers of the same run share their compiled steps (`step.COMPILED`), and the module runs
+# on one xdist worker (the Makefile's --dist loadfile). Calibration on steps 2-3 (so a checkpoint at 3
+# is mid-window), OsciReset's first window on steps 3-4.
 def _cfg(arm, **kw):
   base = dict(model="tiny", arm=arm, layers=1, batch_size=2, seq_len=64, total_steps=12, warmup_steps=2,
-              peak_lr=3e-3, calib_start=0, calib_steps=2, osci_start=4, osci_period=4, osci_window=2)
+              peak_lr=3e-3, calib_start=2, calib_steps=2, osci_start=3, osci_period=4, osci_window=2)
   base.update(kw)
   return TrainConfig(**base)
 
@@ -58,7 +62,7 @@ def test_train_step_lowers_the_loss_for_every_arm(arm, data):
   losses = [r["train/loss"] for r in trainer.history]
   assert losses[0] > 5.0  # ~log(256) at init
   assert np.mean(losses[-3:]) < losses[0] - 1.0, losses
-  if ARMS[arm].outcontrol:  # calibrated on steps 0-1, then frozen channels
+  if ARMS[arm].outcontrol:  # calibrated on steps 2-3, then frozen channels
     from tetrajet_jax import nn as qnn
     tree = qnn.outlier_channels_tree(model)
     assert any(x is not None for x in __import__("jax").tree.leaves(tree, is_leaf=lambda x: x is None))
@@ -67,8 +71,7 @@ def test_train_step_lowers_the_loss_for_every_arm(arm, data):
 
 
 def test_resume_continues_exactly(tmp_path, data):
-  cfg = _cfg("tetrajet_v2_full", checkpoint_every=3, calib_start=2, calib_steps=3, osci_start=3,
-             osci_period=4, osci_window=2)
+  cfg = _cfg("tetrajet_v2_full", checkpoint_every=3)  # resumes mid-calibration and mid-window
   full = Trainer(cfg, data, tmp_path / "full", progress=False)
   full.train()
   full.close()
@@ -146,9 +149,7 @@ def test_fp4_and_calibrate_updates_share_one_compiled_step(data):
     return [np.asarray(layer.oc_stats[...]) for _, layer in qnn.iter_quant_linears(trainer.model())
             if layer.has_outcontrol]
 
-  # 7 steps: a run of its own (the precompile test must compile, not reuse, its steps)
-  trainer = Trainer(_cfg("tetrajet_v2_outcontrol", calib_start=2, calib_steps=2, total_steps=7), data,
-                    progress=False, tensorboard=False)
+  trainer = Trainer(_cfg("tetrajet_v2_outcontrol"), data, progress=False, tensorboard=False)
   trainer.train(2)  # updates 0-1: phase fp4
   step_fn = trainer._step_fn()  # pylint: disable=protected-access
   assert stats(trainer) and all(s.sum() > 0 for s in stats(trainer))
@@ -165,8 +166,9 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
   import jax
   from jax._src import compilation_cache, monitoring
 
-  # Phases: fp4 (steps 0-1), calibrate (2-3), frozen (4-5); validation after steps 2 and 5.
-  cfg = _cfg("tetrajet_v2_outcontrol", calib_start=2, calib_steps=2, total_steps=6, eval_every=3)
+  # Phases: fp4 (steps 0-1), calibrate (2-3), frozen (4-5); validation after steps 2 and 5. 6 steps: a run
+  # of its own, whose functions no other test compiled in this process.
+  cfg = _cfg("tetrajet_v2_outcontrol", total_steps=6, eval_every=3)
   saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
                                                "jax_persistent_cache_min_compile_time_secs",
                                                "jax_persistent_cache_min_entry_size_bytes")}
