@@ -49,6 +49,7 @@ def _per_row(op, *rows: jax.Array, interpret: bool) -> jax.Array:
       out_ref[rows_t] = op(*vals)
 
   call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((ROWS,), jnp.float32),
+                        compiler_params=plgpu.CompilerParams(),  # Mosaic GPU, not Triton
                         interpret=_platform.interpret_params(interpret))
   return jax.jit(call)(*tiles)
 
