@@ -41,17 +41,28 @@ def _per_row(op, *rows: jax.Array, interpret: bool) -> jax.Array:
   [64, 8] tile makes a per-row array in that layout."""
   tiles = [jnp.broadcast_to(r.reshape(-1, 1), (ROWS, 8)) for r in rows]
 
+  n = len(tiles)
+
   def kernel(*refs):
-    *in_refs, out_ref = refs
+    in_gmem, out_gmem = refs[:n], refs[n]
+    in_smem, out_smem, barriers = refs[n + 1:2 * n + 1], refs[2 * n + 1], refs[2 * n + 2:]
+    for src, dst, bar in zip(in_gmem, in_smem, barriers):
+      plgpu.copy_gmem_to_smem(src, dst, bar)
+    for bar in barriers:
+      plgpu.barrier_wait(bar)
     for t in range(ROWS // 64):
       rows_t = pl.ds(t * 64, 64)
-      vals = [jnp.max(plgpu.load(ref.at[rows_t, :], layout=plgpu.Layout.WGMMA), axis=1) for ref in in_refs]
-      out_ref[rows_t] = op(*vals)
+      vals = [jnp.max(plgpu.load(ref.at[rows_t, :], layout=plgpu.Layout.WGMMA), axis=1) for ref in in_smem]
+      out_smem[rows_t] = op(*vals)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem)
+    plgpu.wait_smem_to_gmem(0)
 
-  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((ROWS,), jnp.float32),
-                        compiler_params=plgpu.CompilerParams(),  # Mosaic GPU, not Triton
-                        interpret=_platform.interpret_params(interpret))
-  return jax.jit(call)(*tiles)
+  call = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((ROWS,), jnp.float32),
+                      scratch_types=[plgpu.SMEM((ROWS, 8), jnp.float32) for _ in tiles]
+                      + [plgpu.SMEM((ROWS,), jnp.float32)] + [plgpu.Barrier() for _ in tiles])
+  with _platform.interpret_context(interpret):
+    return jax.jit(call)(*tiles)
 
 
 def _operands(rng) -> tuple[np.ndarray, np.ndarray]:
