@@ -15,16 +15,17 @@ rounded), the E4M3 rounding is `round_to_e4m3` and the element rounding is
 elements are only multiplied (one float32 product each, then compares).
 
 Kernel: grid (row blocks, parts of K), each CTA walking its part of K in
-blocks of 128 sequentially so TMA pipelines the loads. One [bm, 128] tile = bm outer blocks: the eight [bm, 16] inner blocks
-are loaded from SMEM in the wgmma register layout, where a row reduction is a
-4-lane shuffle. Optional second output: the exact bf16 operand q * s_in that
-the block-scaled GEMM consumes (the "operand" design), so the GEMM needs no
-separate decode pass.
+blocks of 128 sequentially so TMA pipelines the loads. One [bm, 128] tile =
+bm outer blocks: the eight [bm, 16] inner blocks are loaded from SMEM in the
+wgmma register layout, where a row reduction is a 4-lane shuffle, and
+quantized in one loop over the inner blocks (`quantize_tile`: lowering time
+grows with the unrolled op count). Optional second output: the exact bf16
+operand q * s_in that a block-scaled bf16 GEMM consumes.
 
-Packing two codes per byte needs neighbouring elements in one thread, which
-the wgmma layout splits across vector slots; the kernel stages the codes as
-bytes in SMEM and re-reads each pair as one uint16 ("smem" packing), or
-(packing="xla") writes unpacked codes and lets XLA pack them.
+Packing two codes per byte needs neighbouring elements in one thread: bf16
+input is read as uint32 words holding an (even, odd) pair, so each thread
+writes whole bytes ("pairs" packing); f32 input writes one code per byte and
+XLA packs them ("xla" packing).
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ marks NaN anyway).
 
 from __future__ import annotations
 
-
 import jax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
