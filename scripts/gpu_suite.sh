@@ -74,5 +74,6 @@ done
 stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --models "${TRAIN_MODELS:-20m}" \
   --arms "${TRAIN_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --backend "${TRAIN_BACKEND:-auto}" \
   --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" ${TRAIN_LAYERS:+--layers "$TRAIN_LAYERS"} \
+  ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} \
   --out "$OUT/bench_train.json"
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20

@@ -40,6 +40,14 @@ def test_bad_arguments_stop_before_any_arm_runs(argv, message, capsys, monkeypat
   assert message in capsys.readouterr().err and not ran
 
 
+def test_the_oscillation_monitor_can_be_left_out_of_the_step():
+  _, specs = train_steps.parse_args(["--models", "tiny", "--arms", "tetrajet_v2"])
+  assert all(s["monitor_oscillation"] for s in specs)
+  _, specs = train_steps.parse_args(["--models", "tiny", "--arms", "tetrajet_v2", "--no-oscillation-monitor"])
+  assert [s["arm"] for s in specs] == ["bf16", "tetrajet_v2"]
+  assert not any(train_steps.bench_config(s).monitor_oscillation for s in specs)
+
+
 def test_a_tiny_bf16_step_is_measured_in_its_own_process(tmp_path):
   out = tmp_path / "train.json"
   result = train_steps.main(["--models", "tiny", "--arms", "bf16", "--layers", "1", "--batch-size", "2",

@@ -3,6 +3,7 @@
     python -m experiments.bench train [--models 20m,70m] [--arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full]
                                       [--backend auto] [--scan-blocks default|on|off]
                                       [--batch-size 32] [--seq-len 1024] [--steps 20] [--out FILE.json]
+                                      [--no-oscillation-monitor]
 
 Each (model, arm) runs in its own process, one after the other, through the
 real `Trainer` (its data pipeline, its one-step-ahead loop, its attention
@@ -20,6 +21,11 @@ memory is that arm's own. Per arm it reports
   ``--warmup`` steps (OutControl arms calibrate on update 0 and are frozen
   from update 1, the phase a run spends nearly all its steps in);
 - peak device memory (where the device reports it).
+
+Quantized arms without OsciReset run its oscillation monitor inside the step
+by default, as a run does (`TrainConfig.monitor_oscillation`); it quantizes
+every weight twice in XLA, and `--no-oscillation-monitor` measures the step
+without it.
 
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.
@@ -58,7 +64,8 @@ def bench_config(spec: dict) -> TrainConfig:
   """The run an arm is timed in: OutControl calibrates on update 0 and is frozen from update 1."""
   return TrainConfig(model=spec["model"], arm=spec["arm"], batch_size=spec["batch_size"], seq_len=spec["seq_len"],
                      total_steps=NOMINAL_TOTAL_STEPS, backend=spec["backend"], scan_blocks=spec["scan_blocks"],
-                     layers=spec["layers"], calib_start=0, calib_steps=1)
+                     layers=spec["layers"], calib_start=0, calib_steps=1,
+                     monitor_oscillation=spec.get("monitor_oscillation", True))
 
 
 def measure(spec: dict) -> dict:
@@ -144,6 +151,9 @@ def parse_args(argv):
   p.add_argument("--scan-blocks", default="default", choices=SCAN_CHOICES,
                  help="blocks as one lax.scan (on), unrolled (off), or the trainer's default per platform")
   p.add_argument("--layers", type=int, default=None, help="override the model's number of blocks")
+  p.add_argument("--no-oscillation-monitor", action="store_true",
+                 help="quantized arms without OsciReset skip the oscillation monitor (TrainConfig."
+                      "monitor_oscillation=False), which quantizes every weight twice in XLA inside the step")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--vocab", type=int, default=16384, help="vocabulary of the random tokens (the BPE's size)")
@@ -162,6 +172,7 @@ def parse_args(argv):
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
   specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
+                monitor_oscillation=not a.no_oscillation_monitor,
                 batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup)
            for model in models for arm in arms]
   for spec in specs:  # every configuration is checked before any arm runs
@@ -181,7 +192,8 @@ def main(argv=None) -> dict:
     print(json.dumps(rows[-1]), flush=True)
   devices = [r["device"] for r in rows if "device" in r]
   result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
-                settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers, batch_size=a.batch_size,
+                settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers,
+                              oscillation_monitor=not a.no_oscillation_monitor, batch_size=a.batch_size,
                               seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup),
                 rows=with_ratios(rows))
   print(f"device {result['device']}, commit {result['commit']}; {a.batch_size} x {a.seq_len} tokens per step, "
