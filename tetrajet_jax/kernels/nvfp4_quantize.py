@@ -178,6 +178,8 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
   if packing == "pairs":
     # Word j of a row holds elements 2j (low half) and 2j+1 (high half); a
     # bf16's bits in the high half of a float32 are its exact value.
+    # optimized=False on the tile loads: Mosaic finds no bank-conflict-free transfer plan once
+    # the column offset is the loop index (quantize_tile); the plain transfer is no slower here.
     def load_words(c):
       return plgpu.load(x_ref.at[:, pl.ds(c * INNER // 2, INNER // 2)], layout=plgpu.Layout.WGMMA,
                         optimized=False)

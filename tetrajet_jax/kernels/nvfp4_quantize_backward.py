@@ -311,6 +311,7 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
       y_smem[...] = y
       plgpu.commit_smem()
       half = OUTER // 2
+      # optimized=False: no bank-conflict-free plan with a loop-indexed offset (nvfp4_quantize).
       load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, INNER // 2)], layout=plgpu.Layout.WGMMA, optimized=False)
       pairs = lambda c: (load(c * (INNER // 2)), load(half + c * (INNER // 2)))
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
