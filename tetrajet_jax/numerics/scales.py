@@ -166,7 +166,7 @@ def div_rn_from_estimate(x: jax.Array, y, q0: jax.Array, *, positive_divisor: bo
   return jnp.where(jnp.where(ex == 255, ey, 0) == 255, nan, out)  # inf / inf
 
 
-def reciprocal_rn(s: jax.Array, *, integer: bool = False) -> jax.Array:
+def reciprocal_rn(s: jax.Array) -> jax.Array:
   """fp32(1 / s), correctly rounded, for scales s > 0 (once per block: the
   elements are then multiplied by it, never divided).
 
@@ -176,7 +176,7 @@ def reciprocal_rn(s: jax.Array, *, integer: bool = False) -> jax.Array:
   beyond any scale of a finite input) flushes to 0; NaN gives NaN.
   """
   s = jnp.asarray(s, jnp.float32)
-  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True, integer=integer)
+  r = div_rn(jnp.ones(s.shape, jnp.float32), s, positive_divisor=True)
   return jnp.where(s < 2.0**-126, jnp.inf, r)  # single compare feeding a select (Mosaic GPU)
 
 
