@@ -8,7 +8,9 @@
 #   3. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
 #   4. Pallas kernel benchmark (python -m experiments.bench kernels);
 #   5. train steps per arm vs bf16 (python -m experiments.bench train: tokens/s,
-#      compile time, peak memory; the same attention for every arm).
+#      compile time, peak memory; the same attention for every arm);
+#   6. (stage profile_<arm>, PROFILE_ARMS) where a step's GPU time goes
+#      (python -m experiments.bench profile).
 # Run from the repo root, with the data bundle in .bundle and extra wheels in
 # .whl (scripts/gpu_wheels.sh fetches them; scripts/gpu_env.sh installs them):
 #   OUT=results/h200 bash scripts/gpu_suite.sh
@@ -76,4 +78,10 @@ stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --m
   --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" ${TRAIN_LAYERS:+--layers "$TRAIN_LAYERS"} \
   ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} \
   --out "$OUT/bench_train.json"
+# Where one arm's step spends its GPU time, per part and per instruction (one process per arm).
+for arm in ${PROFILE_ARMS:-bf16 tetrajet_v2}; do
+  stage "profile_$arm" "${T_PROFILE:-240}" python3 -m experiments.bench profile --model "${TRAIN_MODELS:-20m}" \
+    --arm "$arm" --backend "${TRAIN_BACKEND:-auto}" --scan-blocks "${TRAIN_SCAN:-on}" \
+    ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} --out "$OUT/profile_$arm.json"
+done
 echo "=== summary"; grep -E "^=== |passed|failed" "$LOG" | tail -20

@@ -226,6 +226,18 @@ KINDS = ["normal", "student_t", "tiny", "huge", "zero_blocks", "underflow_subblo
          "bf16_values", "grid_points", "saturation", "subnormal_scale"]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_nvfp4_block_bitwise_under_vmap(rng, kind):
+  """Rows quantized one at a time under jit(vmap): the per-block scale divisions must stay IEEE
+  when their constant divisors are batched differently from the amax (OsciReset batches layers)."""
+  x = _data(kind, rng, (6, 512))
+  t = jax.jit(jax.vmap(tj.quantize_nvfp4))(jnp.asarray(x))
+  codes, s_in, s_out = ref.nvfp4_block(x)
+  np.testing.assert_array_equal(codes_of(t), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner).astype(np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_nvfp4_block_bitwise(rng, kind, mode):

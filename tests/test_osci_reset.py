@@ -210,6 +210,48 @@ def test_matches_numpy_reference_bitwise(rng, outlier_rows, permute):
   assert n_resets == 3  # windows of updates 4-6, 11-13, 18-20; resets at updates 7, 14, 21
 
 
+@pytest.mark.parametrize("track_fraction", [1.0, 0.25])
+def test_same_shape_leaves_batched_match_each_alone(rng, track_fraction):
+  """Tracked leaves of one shape (and FP4 row count) run as one vmapped group; every leaf must
+  evolve bitwise as it does when it is the only tracked leaf: updates, sums, picks, counts."""
+  shapes = {"a": (256, 32), "b": (256, 32), "c": (256, 32), "e": (256, 32), "d": (128, 48)}
+
+  def split(outlier):  # two MXFP8 rows, the FP4 rows in a random gather order
+    rest = np.setdiff1d(np.arange(256), outlier).astype(np.int32)
+    return ChannelSplit(jnp.asarray(outlier, jnp.int32), jnp.asarray(rng.permutation(rest), jnp.int32))
+
+  # a, b: one group with (different) row gathers; c, e: one group without; d: alone.
+  outliers = {"a": split([3, 40]), "b": split([0, 255]), "c": None, "e": None, "d": None}
+  params = {k: {"kernel": jnp.asarray(rng.standard_normal(s), jnp.float32)} for k, s in shapes.items()}
+  targets = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in shapes.items()}
+  lr = jnp.float32(1e-2)  # each element walks to its target, then hops across it every update
+
+  def make(names):
+    tx = osci_reset(start_step=2, period=5, window=2, track_fraction=track_fraction)
+    outl = {k: {"kernel": outliers[k]} for k in names}
+    return tx, jax.jit(lambda u, s, p: tx.update(u, s, p, outlier_channels=outl))
+
+  names = list(shapes)
+  tx_all, step_all = make(names)
+  alone = {k: make([k]) for k in names}
+  state_all = tx_all.init(params)
+  states = {k: alone[k][0].init({k: params[k]}) for k in names}
+  resets = 0
+  for n in range(12):  # windows: updates 2-3 and 7-8; resets at updates 4 and 9
+    u = {k: {"kernel": -lr * jnp.sign(params[k]["kernel"] - targets[k])} for k in names}
+    out_all, state_all = step_all(u, state_all, params)
+    for k in names:
+      out_k, states[k] = alone[k][1]({k: u[k]}, states[k], {k: params[k]})
+      chex.assert_trees_all_equal(out_all[k], out_k[k], custom_message=f"update {n}, leaf {k}")
+      for field in ("d_q", "d_w", "index", "num_active", "num_risky", "num_risky_last", "num_reset"):
+        got, want = getattr(state_all, field), getattr(states[k], field)
+        if want:
+          chex.assert_trees_all_equal(got[k], want[k], custom_message=f"update {n}, {field} of {k}")
+      resets += int(states[k].num_reset[k]["kernel"])
+    params = optax.apply_updates(params, out_all)
+  assert resets > 0  # the comparison covered resets, not only pass-through updates
+
+
 def test_exact_landing_adversarial(rng):
   """Reset elements land on q bitwise even when q - p is inexact in float32."""
   from tetrajet_jax.optim.osci_reset import _exact_step

@@ -1,13 +1,13 @@
-"""The benchmark command: ``python -m experiments.bench {kernels,recipes,train,lowering,doc} [options]``."""
+"""The benchmark command: ``python -m experiments.bench {kernels,recipes,train,lowering,profile,doc} [options]``."""
 
 from __future__ import annotations
 
 import sys
 
-from experiments.bench import kernels, lowering, performance_doc, recipes, train_steps
+from experiments.bench import kernels, lowering, performance_doc, recipes, step_profile, train_steps
 
 COMMANDS = {"kernels": kernels.main, "recipes": recipes.main, "train": train_steps.main,
-            "lowering": lowering.main, "doc": performance_doc.main}
+            "lowering": lowering.main, "profile": step_profile.main, "doc": performance_doc.main}
 
 
 def main(argv: list[str] | None = None) -> int:

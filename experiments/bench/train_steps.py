@@ -68,15 +68,20 @@ def bench_config(spec: dict) -> TrainConfig:
                      monitor_oscillation=spec.get("monitor_oscillation", True))
 
 
-def measure(spec: dict) -> dict:
-  """One arm's figures, in this process (the worker side)."""
+def bench_trainer(spec: dict) -> Trainer:
+  """A `Trainer` for the arm on random tokens, enough for its warmup and timed steps."""
   b, t = spec["batch_size"], spec["seq_len"]
   n_tokens = (spec["warmup"] + spec["steps"] + 4) * b * t + 1
   rng = np.random.default_rng(0)
   data = TrainData(train_tokens=rng.integers(0, spec["vocab"], n_tokens, dtype=np.uint16),
                    val_tokens=rng.integers(0, spec["vocab"], 2 * b * t + 1, dtype=np.uint16),
                    vocab_size=spec["vocab"])
-  trainer = Trainer(bench_config(spec), data, progress=False, tensorboard=False)
+  return Trainer(bench_config(spec), data, progress=False, tensorboard=False)
+
+
+def measure(spec: dict) -> dict:
+  """One arm's figures, in this process (the worker side)."""
+  trainer = bench_trainer(spec)
   stages = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
 
   def on_event(event: str, seconds: float, **kwargs) -> None:

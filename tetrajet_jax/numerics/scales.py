@@ -74,8 +74,11 @@ def div_rn(x: jax.Array, y, *, positive_divisor: bool = False, integer: bool = F
 def _cpu_quotient(x: jax.Array, y: jax.Array) -> jax.Array:
   """XLA's CPU division (IEEE, subnormals flushed) with the operands hidden from the simplifier.
   Broadcast first: XLA rewrites a division by a broadcast scalar as a multiplication by its
-  reciprocal, so the divisor must reach the division already at full shape."""
-  x, y = lax.optimization_barrier(tuple(jnp.broadcast_arrays(x, y)))
+  reciprocal, so the divisor must reach the division already at full shape. The select on x's
+  data makes y as batched as x under vmap too (a shape-only broadcast would not): an unbatched
+  divisor passes the barrier unbatched and is broadcast after it, where the rewrite applies."""
+  x, y = jnp.broadcast_arrays(x, y)
+  x, y = lax.optimization_barrier((x, jnp.where(x == x, y, y)))
   return x / y
 
 

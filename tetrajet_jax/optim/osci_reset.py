@@ -19,7 +19,9 @@ quantization of the gathered FP4 rows in the layer's FP4 order (docs/SPEC.md
 section 3): `update(..., outlier_channels=tree)` passes each such kernel's
 `ChannelSplit` (`tetrajet_jax.nn.outlier_channels_tree`). Q(w_{n}) is
 recomputed from `params` (the optimizer's input), so no snapshot of weights
-or codes is stored.
+or codes is stored. Tracked leaves of one shape (a model's repeated blocks)
+go through the window step as one vmapped batch, which keeps the compiled
+program's size independent of the depth.
 
 The transformation goes after the optimizer in a chain, so it sees the
 parameters the update would produce:
@@ -43,6 +45,7 @@ Memory (state only; see docs/OSCI_RESET.md for measured figures):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -204,7 +207,9 @@ def osci_reset(
       NVFP4 along axis 0 of [in, out] kernels (`NVFP4WeightQuantizer()`).
       For kernels with outlier channels it is called as quantizer(w, rows),
       rows the FP4 rows in the forward's order. With track_fraction < 1 it
-      must also have `edge_distance(w[, rows])`.
+      must also have `edge_distance(w[, rows])`. Leaves of one shape are
+      processed as one batch, so the quantizer must be a JAX function that
+      `jax.vmap` can batch.
     param_filter: (path, leaf) -> bool, path a tuple of str keys; default
       `default_param_filter` (2-D 'kernel' leaves outside 'embed'/'lm_head').
       Tracked leaves must be float32 (the master weights).
@@ -239,7 +244,8 @@ def osci_reset(
     if params is None:
       raise ValueError("osci_reset: update needs params (tx.update(updates, state, params)); it must see "
                        "the weights the update produces to track Q(w).")
-    return _update(cfg, updates, state, params, outlier_channels)
+    with jax.named_scope("osci_reset"):  # names its ops in profiles and HLO dumps
+      return _update(cfg, updates, state, params, outlier_channels)
 
   return optax.GradientTransformationExtraArgs(lambda params: _init_state(cfg, params), update_fn)
 
@@ -320,6 +326,16 @@ def _leaf_window_step(cfg: _Config, p, u, fields, row_active, rows, starts, ends
   return u, (d_q, d_w, index, n_active, n_risky, n_risky_last, n_reset)
 
 
+def _same_shape_groups(params: list[Any], rows: list[tuple[jax.Array, Any]]) -> list[list[int]]:
+  """Indices of tracked leaves grouped by (shape, dtype, FP4 row count): a model's blocks repeat
+  the same kernels, so each group's window step runs as one batched (vmapped) computation."""
+  groups: dict[Any, list[int]] = {}
+  for i, (p, (_, fp4_rows)) in enumerate(zip(params, rows)):
+    key = (tuple(jnp.shape(p)), jnp.result_type(p), None if fp4_rows is None else tuple(jnp.shape(fp4_rows)))
+    groups.setdefault(key, []).append(i)
+  return list(groups.values())
+
+
 def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channels):
   """OsciReset's update (see `osci_reset`): (new updates, new state)."""
   u_leaves = leaves_with_paths(updates)
@@ -356,7 +372,22 @@ def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channe
 
   def window_step(operands):
     us, fields = operands
-    out = [_leaf_window_step(cfg, p, u, f, r[0], r[1], starts, ends) for p, u, f, r in zip(ps, us, fields, rows)]
+    out: list[Any] = [None] * len(names)
+    for group in _same_shape_groups(ps, rows):
+      pick = lambda xs: [xs[i] for i in group]
+      leaf_rows = [rows[i][1] for i in group]
+      step = functools.partial(_leaf_window_step, cfg, starts=starts, ends=ends)
+      if len(group) == 1:
+        results = [step(ps[group[0]], us[group[0]], fields[group[0]], rows[group[0]][0], leaf_rows[0])]
+      else:
+        # One batched computation per group: XLA compiles a group's quantizer once, not once per layer.
+        stack = lambda xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+        batched = jax.vmap(step)(stack(pick(ps)), stack(pick(us)), stack(pick(fields)),
+                                 stack([r[0] for r in pick(rows)]),
+                                 None if leaf_rows[0] is None else stack(leaf_rows))
+        results = [jax.tree.map(lambda x, k=k: x[k], batched) for k in range(len(group))]
+      for i, r in zip(group, results):
+        out[i] = r
     return [o[0] for o in out], [o[1] for o in out]
 
   new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))

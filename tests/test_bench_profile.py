@@ -1,0 +1,66 @@
+"""The step profiler (python -m experiments.bench profile): attributing HLO instructions to parts of
+the step, the busy-time union, and its refusal of a trace without a GPU plane."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from experiments.bench import step_profile
+from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
+from tetrajet_jax.optim import osci_reset
+
+
+def test_hlo_sources_attributes_quantizer_and_osci_reset_ops():
+  """XLA's optimized module of a step that quantizes a weight in the model and runs OsciReset:
+  fusions from numerics/ are the XLA quantizer, those under OsciReset's scope are OsciReset's,
+  even though both call the same quantizer."""
+  tx = optax.chain(optax.sgd(1.0), osci_reset(start_step=0, period=4, window=2))
+  params = {"blk": {"kernel": jnp.ones((128, 16), jnp.float32)}}
+  state = tx.init(params)
+
+  def step(params, state):
+    w = dequantize_nvfp4(quantize_nvfp4(params["blk"]["kernel"], axis=0))
+    grads = jax.grad(lambda p: jnp.sum(jnp.tanh(p["blk"]["kernel"] * w)))(params)
+    return tx.update(grads, state, params)
+
+  text = jax.jit(step).lower(params, state).compile().as_text()
+  sources = step_profile.hlo_sources(text)
+  parts = {v["part"] for v in sources.values()}
+  assert "XLA quantizers (numerics)" in parts
+  assert "OsciReset / oscillation monitor" in parts
+  quantizer = [v for v in sources.values() if v["part"] == "XLA quantizers (numerics)"]
+  assert all(v["source"].startswith("tetrajet_jax/numerics/") for v in quantizer)
+  assert all(":" in v["source"] and v["source"].rsplit(":", 1)[1].isdigit() for v in quantizer)
+
+
+def test_busy_time_is_the_union_of_intervals():
+  assert step_profile._busy_ns([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+  assert step_profile._busy_ns([]) == 0
+
+
+def test_kernel_times_needs_a_gpu_plane(tmp_path):
+  f = jax.jit(lambda a: jnp.tanh(a).sum())
+  x = jnp.ones((64, 64))
+  f(x).block_until_ready()
+  with jax.profiler.trace(str(tmp_path)):
+    f(x).block_until_ready()
+  [xspace] = glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True)
+  if jax.default_backend() == "gpu":
+    by_op, busy, lines = step_profile.kernel_times(xspace)
+    assert by_op and busy > 0 and any(n.startswith("Stream") for n in lines)
+  else:
+    with pytest.raises(RuntimeError, match="no GPU plane"):
+      step_profile.kernel_times(xspace)
+
+
+def test_bad_arguments_are_refused_before_any_work():
+  with pytest.raises(SystemExit):
+    step_profile.parse_args(["--steps", "0"])
+  with pytest.raises(SystemExit):
+    step_profile.parse_args(["--arm", "fp3"])
