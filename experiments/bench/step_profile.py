@@ -6,7 +6,8 @@
 
 A worker process builds the arm's `Trainer` as `python -m experiments.bench
 train` does (random tokens, the same config), compiles it with XLA's
-optimized-HLO dump on, runs its warmup steps, then ``--steps`` steps under
+optimized-HLO dump on and XLA's command buffers (CUDA graphs) off, so that
+the trace names each kernel's instruction, runs its warmup steps, then ``--steps`` steps under
 `jax.profiler`. Every GPU kernel of the trace is matched to the HLO
 instruction that launched it (the trace's `hlo_op` stat) and that
 instruction to the innermost frame of this project (or optax / flax) in its
@@ -262,8 +263,9 @@ def main(argv=None) -> dict:
   a, spec = parse_args(argv)
   spec["dump_dir"] = tempfile.mkdtemp(prefix="tetrajet_hlo_")
   env = dict(os.environ)
+  # Without command buffers: inside a CUDA graph the trace names the graph, not the instruction.
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={spec['dump_dir']} --xla_dump_hlo_as_text"
-                      " --xla_dump_hlo_module_re=.*train_step.*").strip()
+                      " --xla_dump_hlo_module_re=.*train_step.* --xla_gpu_enable_command_buffer=").strip()
   try:
     proc = subprocess.run([sys.executable, "-m", "experiments.bench.step_profile", json.dumps(spec)],
                           capture_output=True, text=True, check=False, env=env)
