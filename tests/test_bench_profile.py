@@ -37,6 +37,7 @@ def test_hlo_sources_attributes_quantizer_and_osci_reset_ops():
   quantizer = [v for v in sources.values() if v["part"] == "XLA quantizers (numerics)"]
   assert all(v["source"].startswith("tetrajet_jax/numerics/") for v in quantizer)
   assert all(":" in v["source"] and v["source"].rsplit(":", 1)[1].isdigit() for v in quantizer)
+  assert all(v["shape"] for v in quantizer if v["kind"] == "fusion")  # e.g. "f32[128,16]{1,0}"
 
 
 def test_busy_time_is_the_union_of_intervals():

@@ -16,7 +16,8 @@ source location, so the time is reported
 - per part: the Pallas kernels by name, cuDNN attention, cuBLAS GEMMs, and
   XLA-fused code by the source file it comes from (the XLA quantizer,
   OsciReset, the model, the optimizer, ...);
-- per instruction: the ``--top`` costliest, with kind and source line.
+- per instruction: the ``--top`` costliest, with kind, result shape and
+  source line.
 
 Times are summed kernel durations per step (streams may overlap; the busy
 time, the union of kernel intervals, is given as well). GPU only: the CPU
@@ -142,8 +143,10 @@ def hlo_sources(text: str) -> dict[str, dict]:
       part = "attention (cuDNN)"
     elif target and "cublas" in target.group(1):
       part = "GEMM (cuBLAS)"
+    shape = rest[:kind.start()].strip() if kind else ""
     out[name] = dict(kind=kind.group(1) if kind else "", target=target.group(1) if target else "",
-                     source=source, part=part or "other XLA")
+                     shape=shape if len(shape) <= 120 else shape[:117] + "...", source=source,
+                     part=part or "other XLA")
   return out
 
 
@@ -205,7 +208,7 @@ def measure(spec: dict) -> dict:
   parts: dict[str, float] = collections.defaultdict(float)
   ops = []
   for op, ns in by_op.items():
-    info = sources.get(op, dict(kind="", target="", source="", part="unattributed (not in the step's HLO)"))
+    info = sources.get(op, dict(kind="", target="", shape="", source="", part="unattributed (not in the step's HLO)"))
     parts[info["part"]] += ns / steps
     ops.append(dict(op=op, ms_per_step=ns / steps / 1e6, **info))
   ops.sort(key=lambda o: -o["ms_per_step"])
@@ -225,9 +228,9 @@ def table(result: dict) -> str:
            "", "| part | ms/step | share of kernel time |", "|---|---:|---:|"]
   total = result["kernel_ms_per_step"] or 1.0
   lines += [f"| {k} | {v:.2f} | {v / total:.0%} |" for k, v in result["parts"].items()]
-  lines += ["", "| instruction | kind | ms/step | part | source |", "|---|---|---:|---|---|"]
-  lines += [f"| {o['op']} | {o['target'] or o['kind']} | {o['ms_per_step']:.3f} | {o['part']} | {o['source']} |"
-            for o in result["ops"]]
+  lines += ["", "| instruction | kind | result | ms/step | part | source |", "|---|---|---|---:|---|---|"]
+  lines += [f"| {o['op']} | {o['target'] or o['kind']} | `{o.get('shape', '')}` | {o['ms_per_step']:.3f} | "
+            f"{o['part']} | {o['source']} |" for o in result["ops"]]
   return "\n".join(lines)
 
 

@@ -246,7 +246,9 @@ def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe):
     x_out = quantize_mxfp8(x[:, split.outlier], axis=-1)
   xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, backend=backend)  # [M, K'] along K
   wq = _fp4_weight(kernel, None if split is None else split.fp4, recipe, keys)  # [N, K'] along K
-  y = gemm_nt(xq, wq, backend=backend, out_dtype=jnp.float32)
+  # Without outliers the GEMM's epilogue rounds to the output dtype itself (the same RNE cast as
+  # XLA's): no float32 [M, N] round trip through HBM.
+  y = gemm_nt(xq, wq, backend=backend, out_dtype=recipe.out_dtype if x_out is None else jnp.float32)
   if x_out is not None:
     w_out = quantize_mxfp8(kernel[split.outlier], axis=0)  # [N, n_out] along K
     y = y + gemm_nt(x_out, w_out, backend=backend, out_dtype=jnp.float32)
@@ -317,7 +319,7 @@ def _backward(recipe: Recipe, res: _Residuals, dy):
   dy = _as_rounded(dy)  # for the FP4 operands and the MXFP8 outlier operand alike
   ops = _backward_operands(recipe, res, dy)
   backend = recipe.backend
-  dx = gemm_nt(ops.a3, ops.b4, backend=backend, out_dtype=jnp.float32)[:, :k]
+  dx = gemm_nt(ops.a3, ops.b4, backend=backend, out_dtype=res.x_dtype.dtype)[:, :k]  # x's dtype, as the VJP returns
   dw_fp4 = gemm_nt(ops.b6, ops.a5, backend=backend, out_dtype=jnp.float32)  # [K'p, N]
   if split is None:
     dw = dw_fp4
