@@ -4,6 +4,7 @@ the step, the busy-time union, and its refusal of a trace without a GPU plane.""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from experiments.bench import step_profile
+from experiments.bench import performance_doc, step_profile
 from tetrajet_jax.numerics import dequantize_nvfp4, quantize_nvfp4
 from tetrajet_jax.optim import osci_reset
 
@@ -65,3 +66,17 @@ def test_bad_arguments_are_refused_before_any_work():
     step_profile.parse_args(["--steps", "0"])
   with pytest.raises(SystemExit):
     step_profile.parse_args(["--arm", "fp3"])
+
+
+def test_performance_doc_renders_a_profile(tmp_path):
+  result = dict(kind="profile", commit="abc1234", date="2026-12-04", model="20m", arm="tetrajet_v2", backend="auto",
+                scan_blocks=True, oscillation_monitor=True, steps=5, step_ms=60.0, profiled_wall_ms_per_step=61.0,
+                kernel_ms_per_step=50.0, busy_ms_per_step=49.0,
+                parts={"RHT+SR quantizer (Pallas)": 20.0, "GEMM (cuBLAS)": 5.0},
+                ops=[dict(op="mpmd_map.1", kind="custom-call", target="mosaic_gpu_v2", shape="u8[8,8]{1,0}",
+                          source="tetrajet_jax/linear/layer.py:1", part="RHT+SR quantizer (Pallas)", ms_per_step=4.0)])
+  (tmp_path / "p.json").write_text(json.dumps(result))
+  text = performance_doc.render(["p.json"], root=tmp_path)
+  assert "commit abc1234, 2026-12-04" in text
+  assert "| RHT+SR quantizer (Pallas) | 20.00 | 40% |" in text  # share of the summed kernel time
+  assert "| mpmd_map.1 | mosaic_gpu_v2 | `u8[8,8]{1,0}` | 4.000 | RHT+SR quantizer (Pallas) |" in text

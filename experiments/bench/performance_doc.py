@@ -2,7 +2,7 @@
 
     python -m experiments.bench doc [--out docs/PERFORMANCE.md] FILE.json ...
 
-Each file is one `python -m experiments.bench kernels` or `... train` result
+Each file is one `python -m experiments.bench kernels`, `... train` or `... profile` result
 (the JSON their --out writes); the document shows their tables in the order
 given, each with the commit, device and date it was measured at, under a
 fixed text that says what is measured and what each target is. No figure in
@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from experiments.bench import train_steps
+from experiments.bench import step_profile, train_steps
 from experiments.bench.jobs import markdown_tables
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,9 @@ JSON named above each table. Reproduce on a GPU host with
   backward against the bf16 layer, and where its time goes;
 - `python -m experiments.bench train`: whole train steps per arm against the
   bf16 step (tokens/s, model TFLOP/s, compile time of every step the arm's run
-  compiles, peak device memory), one process per arm.
+  compiles, peak device memory), one process per arm;
+- `python -m experiments.bench profile`: one arm's step under the profiler,
+  its GPU time per part of the step and per HLO instruction.
 
 Targets on an H200: quantizers >= 0.7x a copy; GEMM >= 0.9x the bf16 dot;
 TetraJet-v2 linear forward + backward <= 1.3x the bf16 layer; FP4 train steps
@@ -49,11 +51,18 @@ design and the measurement history are in docs/KERNELS.md and docs/notes/.
 def file_section(path: str, result: dict) -> list[str]:
   """One source file's tables."""
   out = [f"## `{path}`", ""]
-  if result["rows"] and all(r.get("kind") == "train" for r in result["rows"]):
+  if result.get("kind") == "profile":
+    device = f", {result['device']}" if "device" in result else ""  # files before it was recorded: the H200
+    out += [f"where a step's GPU time goes (commit {result['commit']}{device}, {result['date']}; "
+            f"`python -m experiments.bench profile`, {result['steps']} profiled steps; kernel times summed per step):",
+            "", step_profile.table(result), ""]
+  elif result["rows"] and all(r.get("kind") == "train" for r in result["rows"]):
     s = result["settings"]
+    monitor = s.get("oscillation_monitor")  # absent in files written before it was a setting (then on)
     out += [f"train steps (commit {result['commit']}, {result['device']}, {result['date']}; "
             f"{s['batch_size']} x {s['seq_len']} tokens per step, backend {s['backend']}, scan blocks "
-            f"{s['scan_blocks']}, {s['steps']} timed steps after {s['warmup']}):", "", train_steps.table(result), ""]
+            f"{s['scan_blocks']}, oscillation monitor {'off' if monitor is False else 'on'}, {s['steps']} timed "
+            f"steps after {s['warmup']}):", "", train_steps.table(result), ""]
   else:
     out += [markdown_tables([result])]
   return out

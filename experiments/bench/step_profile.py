@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from experiments.bench import train_steps
-from experiments.bench.timing import commit_id
+from experiments.bench.timing import commit_id, device_name
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train.arms import ARMS
@@ -213,7 +213,7 @@ def measure(spec: dict) -> dict:
     ops.append(dict(op=op, ms_per_step=ns / steps / 1e6, **info))
   ops.sort(key=lambda o: -o["ms_per_step"])
   last = trainer.history[-1]
-  return dict(kind="profile", model=spec["model"], arm=spec["arm"], backend=spec["backend"],
+  return dict(kind="profile", device=device_name(), model=spec["model"], arm=spec["arm"], backend=spec["backend"],
               scan_blocks=spec["scan_blocks"], oscillation_monitor=spec["monitor_oscillation"], steps=steps,
               step_ms=last["perf/step_time_s"] * 1e3, profiled_wall_ms_per_step=wall_s / steps * 1e3,
               kernel_ms_per_step=sum(by_op.values()) / steps / 1e6, busy_ms_per_step=busy_ns / steps / 1e6,
