@@ -372,22 +372,17 @@ def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channe
 
   def window_step(operands):
     us, fields = operands
+    step = functools.partial(_leaf_window_step, cfg, starts=starts, ends=ends)
+    stack = lambda xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
     out: list[Any] = [None] * len(names)
     for group in _same_shape_groups(ps, rows):
+      # One batched computation per group: XLA compiles a group's quantizer once, not once per layer.
       pick = lambda xs: [xs[i] for i in group]
-      leaf_rows = [rows[i][1] for i in group]
-      step = functools.partial(_leaf_window_step, cfg, starts=starts, ends=ends)
-      if len(group) == 1:
-        results = [step(ps[group[0]], us[group[0]], fields[group[0]], rows[group[0]][0], leaf_rows[0])]
-      else:
-        # One batched computation per group: XLA compiles a group's quantizer once, not once per layer.
-        stack = lambda xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
-        batched = jax.vmap(step)(stack(pick(ps)), stack(pick(us)), stack(pick(fields)),
-                                 stack([r[0] for r in pick(rows)]),
-                                 None if leaf_rows[0] is None else stack(leaf_rows))
-        results = [jax.tree.map(lambda x, k=k: x[k], batched) for k in range(len(group))]
-      for i, r in zip(group, results):
-        out[i] = r
+      fp4_rows = [rows[i][1] for i in group]
+      batched = jax.vmap(step)(stack(pick(ps)), stack(pick(us)), stack(pick(fields)),
+                               stack([rows[i][0] for i in group]), None if fp4_rows[0] is None else stack(fp4_rows))
+      for k, i in enumerate(group):
+        out[i] = jax.tree.map(lambda x: x[k], batched)
     return [o[0] for o in out], [o[1] for o in out]
 
   new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))
