@@ -92,12 +92,12 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
   """Quantizes one [bm, 128] tile (one outer block per row) and writes it; shared by the RTN and
   the backward kernel.
 
-  The eight inner blocks are one loop, not eight unrolled copies: Mosaic GPU's
+  The eight inner blocks are loops, not eight unrolled copies: Mosaic GPU's
   module emission and layout inference take time per op, and that lowering
   time is what a train step waits on before XLA compiles. s_out needs every
-  inner block's amax, so the amaxes are a first (unrolled, cheap) pass; the
-  loop reloads its block from SMEM and recomputes that block's amax rather
-  than indexing registers by the loop counter, which a kernel cannot do.
+  inner block's amax, so a first loop carries the running amax; the second
+  reloads its block from SMEM and recomputes that block's amax rather than
+  indexing registers by the loop counter, which a kernel cannot do.
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
@@ -114,7 +114,13 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
       block, then rounding of |x| r) or "hardware" (the plain 1 / s: timing
       only, not bitwise).
   """
-  s_out = outer_scale([_abs_max(load_sub(c)) for c in range(OUTER // INNER)], interpret)
+  first = _abs_max(load_sub(0))
+
+  @pl.loop(1, OUTER // INNER, init_carry=first)
+  def amax(c, running):
+    return jnp.maximum(running, _abs_max(load_sub(c)))  # NaN-propagating
+
+  s_out = outer_scale([amax], interpret)
   s_out_ref[0, :] = s_out
 
   @pl.loop(0, OUTER // INNER)
