@@ -23,7 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from experiments.bench.timing import commit_id
+from experiments.bench.timing import commit_id, write_result
 from tetrajet_jax import kernels
 from tetrajet_jax.numerics import quantize_nvfp4
 
@@ -88,8 +88,5 @@ def main(argv=None) -> dict:
   for r in rows:
     compiled = f"  then {r['compile_s']:.1f} s XLA compile on the GPU" if "compile_s" in r else ""
     print(f"  {r['kernel']:<20} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars{compiled}")
-  if a.out:
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+  write_result(a.out, result)
   return result

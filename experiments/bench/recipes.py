@@ -11,14 +11,12 @@ layer timed in the same run. Median of repeats.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import jax
 import jax.numpy as jnp
 
 import tetrajet_jax as tj
-from experiments.bench.timing import commit_id, device_name, time_fn
+from experiments.bench.timing import commit_id, device_name, time_fn, write_result
 from tetrajet_jax.linear import outlier_count
 
 RECIPES = ("bf16", "nvidia_nvfp4", "tetrajet_v2", "tetrajet_v2_outcontrol")
@@ -79,9 +77,6 @@ def main(argv=None) -> list[dict]:
       print(f"| {r['shape']} | {r['recipe']} | {r['backend']} | failed: {r['error']} | | |")
     else:
       print(f"| {r['shape']} | {r['recipe']} | {r['backend']} | {r['ms']:.3f} | {r['ratio']:.2f} | {r['tflops']:.0f} |")
-  if a.out:
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-      json.dump(dict(device=device_name(), commit=commit_id(), rows=rows), f, indent=1)
+  write_result(a.out, dict(device=device_name(), commit=commit_id(), rows=rows))
   return rows
 

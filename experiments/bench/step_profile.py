@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from experiments.bench import train_steps
-from experiments.bench.timing import commit_id, device_name
+from experiments.bench.timing import commit_id, device_name, write_result
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train.arms import ARMS
@@ -280,10 +280,7 @@ def main(argv=None) -> dict:
     raise SystemExit(f"profile worker failed (rc {proc.returncode})")
   result = dict(commit=commit_id(), date=time.strftime("%Y-%m-%d"), **json.loads(found[0]))
   print(table(result))
-  if a.out:
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+  write_result(a.out, result)
   return result
 
 

@@ -8,6 +8,7 @@ reported as a ratio to a baseline timed in the same process.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -89,3 +90,12 @@ def commit_id() -> str:
 def device_name() -> str:
   d = jax.devices()[0]
   return f"{d.platform}:{getattr(d, 'device_kind', 'unknown')}"
+
+
+def write_result(path: str, result: dict) -> None:
+  """A bench result as indented JSON at `path` (folders created); nothing when path is empty."""
+  if not path:
+    return
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1)

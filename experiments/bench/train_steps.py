@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -44,7 +43,7 @@ import jax
 import jax.monitoring
 import numpy as np
 
-from experiments.bench.timing import commit_id, device_name
+from experiments.bench.timing import commit_id, device_name, write_result
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train import TrainConfig, TrainData, Trainer
@@ -204,10 +203,7 @@ def main(argv=None) -> dict:
   print(f"device {result['device']}, commit {result['commit']}; {a.batch_size} x {a.seq_len} tokens per step, "
         f"backend {a.backend}, scan blocks {a.scan_blocks}")
   print(table(result))
-  if a.out:
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+  write_result(a.out, result)
   return result
 
 
