@@ -27,6 +27,12 @@ PPL = {  # final validation perplexity per (arm, seed)
     ("tetrajet_v2_outcontrol", 0): 32.5, ("tetrajet_v2_oscireset", 0): 32.0, ("tetrajet_v2_full", 0): 31.0,
     ("bf16", 1): 30.3, ("tetrajet_v2_full", 1): 31.2,
 }
+PPL_THREE_SEEDS = {  # PPL, plus seed 1's other arms and seed 2: the "Across seeds" section's test
+    **PPL, ("nvidia_nvfp4", 1): 34.1, ("tetrajet_v2", 1): 33.2, ("tetrajet_v2_outcontrol", 1): 33.4,
+    ("tetrajet_v2_oscireset", 1): 32.3,
+    ("bf16", 2): 30.1, ("nvidia_nvfp4", 2): 34.2, ("tetrajet_v2", 2): 32.9, ("tetrajet_v2_outcontrol", 2): 32.8,
+    ("tetrajet_v2_oscireset", 2): 31.9, ("tetrajet_v2_full", 2): 31.1,
+}
 TOKENS_PER_S = {"bf16": 1000.0}  # the FP4 arms: 800
 REBOUND_ARM = "tetrajet_v2"  # its training loss climbs over the last 10% of the steps
 TASKS = {"arc_easy": 0.25, "piqa": 0.5}  # task -> chance
@@ -80,7 +86,7 @@ def write_folder(root, seed: int, arms: list[str], provenance=None):
       derived["outcontrol_calibration"] = dataclasses.asdict(config.calibration)
     _write_json(root / arm / "config.json", {"train": dataclasses.asdict(config), "model": dataclasses.asdict(model),
                                              "data": "bpe16384", "derived": derived})
-    loss = math.log(PPL[arm, seed])
+    loss = math.log(PPL_THREE_SEEDS[arm, seed])
     with open(root / arm / "metrics.jsonl", "w", encoding="utf-8") as f:
       for rec in _metrics(arm, seed, loss):
         f.write(json.dumps(rec) + "\n")
@@ -88,7 +94,7 @@ def write_folder(root, seed: int, arms: list[str], provenance=None):
                       "acc_norm": chance, "chance": chance, "num_docs": 500} for t, chance in TASKS.items()}
     _write_json(root / arm / "final.json", {
         "arm": arm, "status": "completed", "steps": STEPS, "tokens": STEPS * BATCH * SEQ,
-        "val": {"loss": loss, "ppl": PPL[arm, seed], "bits_per_byte": loss / math.log(2) / 4,
+        "val": {"loss": loss, "ppl": PPL_THREE_SEEDS[arm, seed], "bits_per_byte": loss / math.log(2) / 4,
                 "tokens": 65536.0, "bytes": 262144.0},
         "downstream": downstream, "tokens_per_s": TOKENS_PER_S.get(arm, 800.0),
         "model_tflops_per_s": 1.0, "wall_s_this_session": 100.0})
@@ -242,4 +248,52 @@ def test_shared_gpu_rates_are_not_called_a_speed(tmp_path, folders):
   assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "0.40x"
   assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "n/a"  # shared GPU, not probed
   assert "FP4 arms run at 0.40x to 0.40x bf16's tokens/s" in section(text, "Discussion")
+
+
+def test_across_seeds_intervals_and_verdicts(tmp_path):
+  """Three seeds with all six arms: per-arm spreads and each claim's paired 95% interval, recomputed here."""
+  runs = [write_folder(tmp_path / f"seed{s}", s, list(ARMS)) for s in range(3)]
+  text = section(run_report(tmp_path, runs), "Across seeds")
+  t975_df2 = 4.302653  # Student t(0.975, 2)
+
+  def interval(values):
+    v = np.asarray(values, np.float64)
+    half = t975_df2 * v.std(ddof=1) / math.sqrt(v.size)
+    return v.mean(), v.mean() - half, v.mean() + half
+
+  arms = {r["arm"]: r for r in table_rows(text)}
+  losses = [math.log(PPL_THREE_SEEDS["tetrajet_v2", s]) for s in range(3)]
+  assert arms["tetrajet_v2"]["seeds"] == "3"
+  assert arms["tetrajet_v2"]["val loss"] == f"{np.mean(losses):.4f} ± {np.std(losses, ddof=1):.4f}"
+  claims = {r["difference"]: r for r in table_rows(text[text.index("| claim"):])}
+
+  def loss_claim(arm, base):
+    return interval([math.log(PPL_THREE_SEEDS[arm, s]) - math.log(PPL_THREE_SEEDS[base, s]) for s in range(3)])
+
+  for (arm, base), verdict in {("tetrajet_v2", "nvidia_nvfp4"): "confirmed",
+                               ("tetrajet_v2_full", "nvidia_nvfp4"): "confirmed",
+                               ("tetrajet_v2_oscireset", "tetrajet_v2"): "confirmed",
+                               ("tetrajet_v2_outcontrol", "tetrajet_v2"): "unresolved"}.items():
+    row = claims[f"{arm} - {base}"]
+    mean, low, high = loss_claim(arm, base)
+    assert row["mean [95% interval]"] == f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
+    assert row["seeds"] == "3" and row["verdict"] == verdict
+  closures = [(PPL_THREE_SEEDS["nvidia_nvfp4", s] - PPL_THREE_SEEDS["tetrajet_v2_full", s]) / (PPL_THREE_SEEDS["nvidia_nvfp4", s] - PPL_THREE_SEEDS["bf16", s])
+              for s in range(3)]
+  mean, low, high = interval(closures)
+  row = claims["gap closure"]
+  assert row["mean [95% interval]"] == f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+  assert row["verdict"] == "refuted"  # about 76% in every seed: the interval excludes the paper's 51.3%
+  assert claims["rebound with - without OsciReset"]["verdict"] == "confirmed"  # only tetrajet_v2 rebounds
+
+
+def test_across_seeds_with_one_seed_per_claim_is_unresolved(tmp_path, folders):
+  text = section(run_report(tmp_path, folders), "Across seeds")
+  claims = {r["difference"]: r for r in table_rows(text[text.index("| claim"):])}
+  assert claims["tetrajet_v2 - nvidia_nvfp4"]["seeds"] == "1"
+  assert claims["tetrajet_v2 - nvidia_nvfp4"]["mean [95% interval]"] == "n/a"
+  assert all(r["verdict"] == "unresolved" for r in claims.values())
+  arms = {r["arm"]: r for r in table_rows(text)}
+  assert arms["bf16"]["seeds"] == "2" and arms["nvidia_nvfp4"]["seeds"] == "1"
+  assert "±" not in arms["nvidia_nvfp4"]["val loss"]  # one seed: no spread
 
