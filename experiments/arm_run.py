@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from experiments import retry as retry_lib
-from experiments.tables import fmt, median_tokens_per_s, write_json_atomic
+from experiments.tables import LATENT_HISTOGRAM, fmt, median_tokens_per_s, write_json_atomic
 from tetrajet_jax.data import cache as data_cache
 
 
@@ -96,6 +96,10 @@ def run_arm(plan, arm, data, eval_dir) -> dict[str, Any]:
   downstream = _downstream(trainer, data.tokenizer(), plan.tasks, plan.args.downstream_limit, eval_dir)
   t_down = time.time() - t0 - t_train - t_val
   print(f"{arm.name}: final validation {t_val:.0f} s, downstream {t_down:.0f} s", flush=True)
+  if arm.quantized and not arm.outcontrol:  # OutControl's MXFP8 rows are not on the FP4 grid
+    edges, counts = trainer.latent_histogram()
+    write_json_atomic(arm_dir / LATENT_HISTOGRAM, {"step": result.step, "edges": edges.tolist(),
+                                                   "counts": counts.tolist()})
   trainer.close()
   rate = median_tokens_per_s(arm_dir)
   final = {"arm": arm.name, "status": "completed", "steps": result.step,

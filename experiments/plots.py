@@ -144,6 +144,80 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss",
   return path
 
 
+def plot_loss_bands(runs: dict[str, list[list[dict]]], path: Path, title: str = "loss over seeds") -> Path | None:
+  """Per arm, the mean over seeds of the smoothed training loss with the band from the lowest to
+  the highest seed; right panel: the last third. Seeds are put on the first seed's steps."""
+  curves = {}
+  for arm, seeds in runs.items():
+    smoothed = [smoothed_train_loss(r) for r in seeds]
+    smoothed = [(s, sv) for s, _, sv, _ in smoothed if s.size]
+    if not smoothed:
+      continue
+    steps = smoothed[0][0]
+    stack = np.stack([np.interp(steps, s, sv) for s, sv in smoothed])
+    curves[arm] = (steps, stack.mean(0), stack.min(0), stack.max(0), len(smoothed))
+  if not curves:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  last_step = max(c[0].max() for c in curves.values())
+  lo = last_step * LATE_START
+  for i, (arm, (steps, mean, low, high, n)) in enumerate(curves.items()):
+    for ax in axes:
+      ax.fill_between(steps, low, high, color=colors[i % len(colors)], alpha=0.2, lw=0)
+      ax.plot(steps, mean, color=colors[i % len(colors)], lw=1.2, label=f"{arm} ({n} seeds)")
+  late = np.concatenate([np.concatenate([lw[st >= lo], hi[st >= lo]]) for st, _, lw, hi, _ in curves.values()])
+  if late.size:
+    pad = 0.05 * (late.max() - late.min() + 1e-6)
+    axes[1].set_ylim(late.min() - pad, late.max() + pad)
+  axes[0].set_title(title)
+  axes[1].set_title("last third (zoom)")
+  axes[1].set_xlim(lo, last_step * 1.01 + 1)
+  for ax in axes:
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss, smoothed (nats/token)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+# E2M1 round-to-nearest decision thresholds (midpoints between grid values), in grid units.
+E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def plot_latent_histograms(hists: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> Path | None:
+  """Density of latent weights w / s (grid units) per arm, from (edges, counts); the E2M1
+  decision thresholds, where oscillating weights pile up, are marked. Right: |w / s| <= 2."""
+  hists = {a: (np.asarray(e, np.float64), np.asarray(c, np.float64)) for a, (e, c) in hists.items()
+           if np.asarray(c).sum() > 0}
+  if not hists:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+  for arm, (edges, counts) in hists.items():
+    density = counts / counts.sum() / np.diff(edges)
+    for ax in axes:
+      ax.stairs(density, edges, label=arm)
+  for ax, limit in zip(axes, (6.5, 2.0)):
+    for t in E2M1_THRESHOLDS:
+      if t <= limit:
+        for x in (-t, t):
+          ax.axvline(x, color="grey", lw=0.5, ls=":")
+    ax.set_xlim(-limit, limit)
+    ax.set_xlabel("latent weight w / s (E2M1 grid units)")
+    ax.set_ylabel("density")
+    ax.grid(alpha=0.3)
+  axes[0].set_title("FP4 latent weights at the end of training (dotted: rounding thresholds)")
+  axes[1].set_title("the same, |w / s| <= 2")
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
 def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Drops the zeros before the first window: the metrics read 0 until the first window ends,
   which means "not measured yet", and drawing them as a measured 0 would

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from experiments import plots, seed_stats
 from experiments.tables import fmt  # the runner's n/a-aware number format
-from experiments.tables import comparison, fmt_ratio, gap_closure, markdown_table
+from experiments.tables import LATENT_HISTOGRAM, comparison, fmt_ratio, gap_closure, markdown_table
 from experiments.report_data import (ABLATION_ARMS, NOISE_MARGIN, SEED_NOISE_ARMS, ArmRun, RunFolder, SeedNoise,
                                      in_units, late_mean, late_rebound, load_folders,
                                      loss_delta, loss_verdict, rebound_verdict, seed_noise, display,
@@ -276,6 +276,8 @@ def seed_noise_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
   return lines
 
 
+# Arms whose end-of-training latent weights the report compares (OsciReset's effect).
+LATENT_ARMS = ("tetrajet_v2", "tetrajet_v2_oscireset")
 # Claims weighed seed by seed: (title, arm, baseline), each "arm's validation loss is lower".
 SEED_CLAIMS = (("TetraJet-v2 beats NVIDIA's recipe", "tetrajet_v2", "nvidia_nvfp4"),
                ("TetraJet-v2 full beats NVIDIA's recipe", "tetrajet_v2_full", "nvidia_nvfp4"),
@@ -365,6 +367,25 @@ def figures_section(folders: list[RunFolder], figures: Path, out: Path) -> list[
   seeds = {f"{a} ({f.label})": f.arm(a).records for a in repeated for f in folders if f.arm(a).records}
   link("Seed-to-seed loss curves", plots.plot_loss(seeds, figures / "seeds.png", title="loss, both seeds")
        if seeds else None, "needs the same arm in two folders")
+  banded = {a: [f.arm(a).records for f in folders if f.arm(a).records] for a in ref.listed_arms}
+  banded = {a: r for a, r in banded.items() if len(r) > 1}
+  link("Loss over seeds", plots.plot_loss_bands(banded, figures / "loss_seeds.png") if banded else None,
+       "needs an arm with metrics in two or more folders")
+  if banded:
+    lines.extend(["Mean over seeds of the smoothed training loss, band from the lowest to the highest seed. "
+                  "Right: the last third.", ""])
+  hists = {}
+  for a in LATENT_ARMS:
+    found = [f.arm(a).latent_histogram for f in folders if f.arm(a).latent_histogram]
+    if found:  # summed over seeds (same edges: the runner's default bins)
+      hists[f"{a} ({len(found)} seed{'s' * (len(found) > 1)})"] = (
+          found[0]["edges"], [sum(c) for c in zip(*(h["counts"] for h in found))])
+  link("Latent weights at the end", plots.plot_latent_histograms(hists, figures / "latent.png") if hists
+       else None, f"no {LATENT_HISTOGRAM} for {' or '.join(LATENT_ARMS)}")
+  if hists:
+    lines.extend(["Latent weights w / s of the FP4 layers (grid units, s the element's scale) at the last step. "
+                  "Weights that keep flipping between two FP4 values sit at the dotted rounding thresholds; "
+                  "OsciReset moves them onto grid values.", ""])
   osci = {f"{a} ({'OsciReset' if ref.arm(a).derived.get('osci_reset') else 'no reset, monitored'})":
           ref.arm(a).records for a in ref.listed_arms if ref.arm(a).records}
   link("Oscillating weights", plots.plot_oscillation(osci, figures / "oscillation.png"), "no osci/risk_frac "

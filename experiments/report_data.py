@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from experiments import plots
+from experiments.tables import LATENT_HISTOGRAM
 from tetrajet_jax.train.arms import ARMS
 from tetrajet_jax.train.metrics import read_jsonl
 
@@ -37,6 +38,7 @@ class ArmRun:
   config: dict | None = None
   final: dict | None = None
   records: list[dict] = dataclasses.field(default_factory=list)
+  latent_histogram: dict | None = None  # {"step", "edges", "counts"} at the end of training
 
   @property
   def status(self) -> str:
@@ -138,7 +140,8 @@ def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
       files = [d / n for n in ("config.json", "final.json", "metrics.jsonl")]
       if any(f.is_file() for f in files):
         arms[d.name] = ArmRun(d.name, config=_read_json(files[0]), final=_read_json(files[1]),
-                              records=read_jsonl(files[2]) if files[2].is_file() else [])
+                              records=read_jsonl(files[2]) if files[2].is_file() else [],
+                              latent_histogram=_read_json(d / LATENT_HISTOGRAM))
   throughput_alone = _read_json(path / "throughput_alone.json")
   provenance = _read_json(path / "provenance.json")
   if isinstance(provenance, dict):

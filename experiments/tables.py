@@ -12,6 +12,10 @@ from typing import Any
 
 from tetrajet_jax.train.metrics import read_jsonl
 
+# Per arm folder: the FP4 latent-weight histogram at the end of training (quantized arms
+# without OutControl), written by the runner, drawn by the report.
+LATENT_HISTOGRAM = "latent_histogram.json"
+
 
 def write_json_atomic(path: Path, obj: Any) -> None:
   """Writes JSON through a temporary file and a rename: the runners of other

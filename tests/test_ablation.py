@@ -9,7 +9,7 @@ import os
 import jax
 import pytest
 
-from experiments import ablation, run_checks
+from experiments import ablation, run_checks, tables
 from tetrajet_jax.data import build as build_lib
 from tetrajet_jax.data import corpus, sources
 
@@ -59,6 +59,14 @@ def test_runner_writes_table_and_plots(cache, tmp_path, capsys):
   assert "verdict:" in printed and "evaluation noise" in printed
   val = json.loads((out / "tetrajet_v2" / "final.json").read_text(encoding="utf-8"))["val"]
   assert len(val["batch_losses"]) == len(val["batch_tokens"]) >= 1
+  # The FP4 arm's latent weights at the end: every element of its FP4 kernels in one bin (|w / s| < 6.5).
+  hist = json.loads((out / "tetrajet_v2" / tables.LATENT_HISTOGRAM).read_text(encoding="utf-8"))
+  derived = json.loads((out / "tetrajet_v2" / "config.json").read_text(encoding="utf-8"))["derived"]
+  fp4_blocks = 1 - len(derived["bf16_blocks"])
+  per_block = derived["param_counts"]["quantized"]  # --layers 1: one block
+  assert len(hist["edges"]) == len(hist["counts"]) + 1 and hist["step"] == 8
+  assert sum(hist["counts"]) == fp4_blocks * per_block > 0
+  assert not (out / "bf16" / tables.LATENT_HISTOGRAM).exists()
 
 
 def test_stop_after_is_a_throughput_probe(cache, tmp_path, capsys):

@@ -56,3 +56,36 @@ def test_plot_all_writes_both_figures_with_per_layer_panel(tmp_path):
   assert sorted(layers) == ["layers_0/attn/qkv", "layers_0/mlp/down"]
   s, v = layers["layers_0/mlp/down"]
   assert s[0] == 20 and np.all(v == 0.02)  # leading "not measured yet" zeros dropped
+
+
+def _records(final_loss, rebound=0.0, steps=60):
+  t = np.arange(steps)
+  loss = final_loss + np.exp(-t / 10) + rebound * (t > 50)
+  return [{"step": int(i), "train/loss": float(v)} for i, v in zip(t, loss)]
+
+
+def test_loss_bands_draw_mean_and_seed_range(tmp_path):
+  runs = {"bf16": [_records(3.0), _records(3.1), _records(2.9)], "tetrajet_v2": [_records(3.2, 0.1)]}
+  path = plots.plot_loss_bands(runs, tmp_path / "bands.png")
+  img = matplotlib.image.imread(path)
+  assert img.shape[0] > 100 and img.std() > 0.01  # a drawn figure, not a blank canvas
+  assert plots.plot_loss_bands({"bf16": [[]]}, tmp_path / "none.png") is None
+  assert not (tmp_path / "none.png").exists()
+
+
+def test_latent_histograms_density_and_empty(tmp_path, monkeypatch):
+  edges = np.linspace(-6.5, 6.5, 53)
+  counts = np.zeros(52)
+  counts[[20, 31]] = [300, 100]
+  drawn = {}
+  real_stairs = matplotlib.axes.Axes.stairs
+
+  def spy(ax, values, edges_, **kw):  # the drawn density must integrate to 1
+    drawn.setdefault(kw.get("label"), []).append(float(np.sum(np.asarray(values) * np.diff(edges_))))
+    return real_stairs(ax, values, edges_, **kw)
+
+  monkeypatch.setattr(matplotlib.axes.Axes, "stairs", spy)
+  path = plots.plot_latent_histograms({"tetrajet_v2": (edges, counts)}, tmp_path / "latent.png")
+  assert path.is_file() and drawn["tetrajet_v2"] == [1.0, 1.0]
+  assert plots.plot_latent_histograms({"x": (edges, np.zeros(52))}, tmp_path / "empty.png") is None
+

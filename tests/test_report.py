@@ -98,6 +98,13 @@ def write_folder(root, seed: int, arms: list[str], provenance=None):
                 "tokens": 65536.0, "bytes": 262144.0},
         "downstream": downstream, "tokens_per_s": TOKENS_PER_S.get(arm, 800.0),
         "model_tflops_per_s": 1.0, "wall_s_this_session": 100.0})
+    if ARMS[arm].quantized and not ARMS[arm].outcontrol:  # as the runner writes it
+      edges = np.linspace(-6.5, 6.5, 27)
+      counts = np.full(26, 10 + 5 * seed)
+      if not ARMS[arm].oscireset:
+        counts[[8, 17]] += 100  # weights piled up at a rounding threshold
+      _write_json(root / arm / "latent_histogram.json",
+                  {"step": STEPS, "edges": edges.tolist(), "counts": counts.tolist()})
   if provenance is not None:
     _write_json(root / "provenance.json", provenance)
   return root
@@ -285,6 +292,9 @@ def test_across_seeds_intervals_and_verdicts(tmp_path):
   assert row["mean [95% interval]"] == f"{mean:.3f} [{low:.3f}, {high:.3f}]"
   assert row["verdict"] == "refuted"  # about 76% in every seed: the interval excludes the paper's 51.3%
   assert claims["rebound with - without OsciReset"]["verdict"] == "confirmed"  # only tetrajet_v2 rebounds
+  figures = section(run_report(tmp_path, runs), "Figures")
+  for name in ("loss_seeds.png", "latent.png"):
+    assert f"(results/{name})" in figures and (tmp_path / "docs" / "results" / name).stat().st_size > 0
 
 
 def test_across_seeds_with_one_seed_per_claim_is_unresolved(tmp_path, folders):
