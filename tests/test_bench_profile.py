@@ -80,3 +80,18 @@ def test_performance_doc_renders_a_profile(tmp_path):
   assert "commit abc1234, 2026-12-04" in text
   assert "| RHT+SR quantizer (Pallas) | 20.00 | 40% |" in text  # share of the summed kernel time
   assert "| mpmd_map.1 | mosaic_gpu_v2 | `u8[8,8]{1,0}` | 4.000 | RHT+SR quantizer (Pallas) |" in text
+
+
+def test_attribution_reads_the_module_that_ran():
+  """Two compiled steps share instruction names; the one naming most of the traced time is used."""
+  info = lambda part: dict(kind="fusion", target="", shape="f32[8]{0}", source="x.py:1", part=part)
+  modules = {"calibrating": {"fusion.1": info("model"), "fusion.2": info("optimizer")},
+             "frozen": {"fusion.1": info("RTN quantizer (Pallas)"), "fusion.2": info("model"),
+                        "fusion.3": info("model")}}
+  by_op = {"fusion.1": 6e6, "fusion.2": 2e6, "fusion.3": 4e6, "MemcpyD2H": 1e6}  # ns over 2 steps
+  ran, parts, ops = step_profile.attribute(by_op, modules, steps=2)
+  assert ran == "frozen"
+  assert parts == {"RTN quantizer (Pallas)": 3.0, "model": 3.0, "unattributed (not in the step's HLO)": 0.5}
+  assert [o["op"] for o in ops] == ["fusion.1", "fusion.3", "fusion.2", "MemcpyD2H"]
+  assert step_profile.attribute({}, {}, steps=1) == (None, {}, [])
+

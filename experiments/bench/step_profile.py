@@ -182,6 +182,23 @@ def kernel_times(xspace_path: str) -> tuple[dict[str, float], float, list[str]]:
   return dict(by_op), _busy_ns(intervals), line_names
 
 
+def attribute(by_op: dict[str, float], modules: dict[str, dict[str, dict]], steps: int
+              ) -> tuple[str | None, dict[str, float], list[dict]]:
+  """(module that ran, {part: ms per step} costliest first, instructions costliest first) of the
+  traced {instruction: ns}. The module that ran is the one naming most of the traced time:
+  instruction names repeat across modules (an OutControl arm compiles a step per phase)."""
+  ran = max(modules, key=lambda m: sum(ns for op, ns in by_op.items() if op in modules[m]), default=None)
+  sources = modules.get(ran, {})
+  parts: dict[str, float] = collections.defaultdict(float)
+  ops = []
+  for op, ns in by_op.items():
+    info = sources.get(op, dict(kind="", target="", shape="", source="", part="unattributed (not in the step's HLO)"))
+    parts[info["part"]] += ns / steps / 1e6
+    ops.append(dict(op=op, ms_per_step=ns / steps / 1e6, **info))
+  ops.sort(key=lambda o: -o["ms_per_step"])
+  return ran, dict(sorted(parts.items(), key=lambda kv: -kv[1])), ops
+
+
 def measure(spec: dict) -> dict:
   """The worker: compile with the HLO dump on (set by the parent), profile the steps, attribute the time."""
   import jax
@@ -198,27 +215,18 @@ def measure(spec: dict) -> dict:
     by_op, busy_ns, line_names = kernel_times(xspace)
   finally:
     shutil.rmtree(trace_dir, ignore_errors=True)
-  dumps = sorted(glob.glob(os.path.join(spec["dump_dir"], "*jit_train_step*after_optimizations.txt")),
-                 key=os.path.getsize)
-  sources: dict[str, dict] = {}
-  for path in dumps:  # the train step's optimized module(s)
-    with open(path, encoding="utf-8") as f:
-      sources.update(hlo_sources(f.read()))
+  modules = {}
+  for path in sorted(glob.glob(os.path.join(spec["dump_dir"], "*jit_train_step*after_optimizations.txt"))):
+    with open(path, encoding="utf-8") as f:  # every compiled train step (OutControl: one per phase)
+      modules[os.path.basename(path)] = hlo_sources(f.read())
   steps = spec["steps"]
-  parts: dict[str, float] = collections.defaultdict(float)
-  ops = []
-  for op, ns in by_op.items():
-    info = sources.get(op, dict(kind="", target="", shape="", source="", part="unattributed (not in the step's HLO)"))
-    parts[info["part"]] += ns / steps
-    ops.append(dict(op=op, ms_per_step=ns / steps / 1e6, **info))
-  ops.sort(key=lambda o: -o["ms_per_step"])
+  ran, parts, ops = attribute(by_op, modules, steps)
   last = trainer.history[-1]
   return dict(kind="profile", device=device_name(), model=spec["model"], arm=spec["arm"], backend=spec["backend"],
               scan_blocks=spec["scan_blocks"], oscillation_monitor=spec["monitor_oscillation"], steps=steps,
               step_ms=last["perf/step_time_s"] * 1e3, profiled_wall_ms_per_step=wall_s / steps * 1e3,
               kernel_ms_per_step=sum(by_op.values()) / steps / 1e6, busy_ms_per_step=busy_ns / steps / 1e6,
-              parts={k: v / 1e6 for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
-              ops=ops[:spec["top"]], gpu_lines=line_names, hlo_dumps=[os.path.basename(p) for p in dumps])
+              parts=parts, ops=ops[:spec["top"]], gpu_lines=line_names, hlo_module=ran)
 
 
 def table(result: dict) -> str:
