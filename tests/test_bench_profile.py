@@ -33,9 +33,9 @@ def test_hlo_sources_attributes_quantizer_and_osci_reset_ops():
   text = jax.jit(step).lower(params, state).compile().as_text()
   sources = step_profile.hlo_sources(text)
   parts = {v["part"] for v in sources.values()}
-  assert "XLA quantizers (numerics)" in parts
+  assert "XLA numerics (quantize, decode)" in parts
   assert "OsciReset / oscillation monitor" in parts
-  quantizer = [v for v in sources.values() if v["part"] == "XLA quantizers (numerics)"]
+  quantizer = [v for v in sources.values() if v["part"] == "XLA numerics (quantize, decode)"]
   assert all(v["source"].startswith("tetrajet_jax/numerics/") for v in quantizer)
   assert all(":" in v["source"] and v["source"].rsplit(":", 1)[1].isdigit() for v in quantizer)
   assert all(v["shape"] for v in quantizer if v["kind"] == "fusion")  # e.g. "f32[128,16]{1,0}"
