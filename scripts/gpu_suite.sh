@@ -3,7 +3,8 @@
 # everything that needs the GPU, in priority order, each stage under its own
 # time limit:
 #   1. GPU test suite: numerics (incl. the jit cast-elision check), Pallas
-#      kernels (GPU-marked tests at real shapes), linear layer;
+#      kernels (GPU-marked tests at real shapes), linear layer, OsciReset
+#      against its NumPy reference (XLA's GPU division path, batched leaves);
 #   2. Mosaic lowering time per kernel on this host (python -m experiments.bench lowering);
 #   3. linear fwd+bwd per recipe vs bf16 (python -m experiments.bench recipes);
 #   4. Pallas kernel benchmark (python -m experiments.bench kernels);
@@ -54,7 +55,8 @@ stage() {  # stage NAME LIMIT_S CMD...
 stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE --tb=short --durations=20 -W ignore \
   ${TEST_MARK:+-m "$TEST_MARK"} ${TEST_K:+-k "$TEST_K"} \
   tests/test_linear.py tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py \
-  tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py tests/test_kernel_division.py
+  tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py tests/test_kernel_division.py \
+  tests/test_osci_reset.py
 # The jit checks on this backend: quantization really happens (no cast round
 # trip elided) and NonFiniteError reaches the caller from a GPU computation.
 stage tests_jit "${T_TESTS_JIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -W ignore \
