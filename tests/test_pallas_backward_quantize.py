@@ -190,13 +190,30 @@ def test_transform_matrix_is_the_rht(key):
   np.testing.assert_allclose((x @ bt.T)[:, np.argsort(perm)], np.asarray(random_hadamard_16(x, key)), atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_register_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype):
+  """The quantizer slicing the wgmma accumulator in registers gives the SMEM tile source's bits,
+  both axes, with and without the operand (NaN/Inf blocks included for f32)."""
+  xl = hard_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
+  signs, seed = hadamard_signs(key), sr_seed(jax.random.fold_in(key, 2))
+  for x, axis in ((xl, -1), (xl.T, 0)):
+    for emit in (False, True):
+      smem, regs = (quantize_nvfp4_rht_sr(x, signs, seed, axis=axis, emit_operand=emit, interpret=True,
+                                          _tile_source=src) for src in ("smem", "registers"))
+      for a, b in zip(jax.tree.leaves(smem), jax.tree.leaves(regs)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  _, y = quantize_nvfp4_rht_sr(xl, signs, seed, emit_transformed=True, interpret=True, _tile_source="registers")
+  _, y_smem = quantize_nvfp4_rht_sr(xl, signs, seed, emit_transformed=True, interpret=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_smem))  # y is still emitted through SMEM
+
+
 @pytest.mark.parametrize("dtype,axis", [(jnp.float32, -1), (jnp.bfloat16, 0)])
 def test_lowers_for_hopper(dtype, axis):
   """Mosaic GPU lowering for CUDA (layout inference, SMEM budget) succeeds on the CPU."""
   shape = (256, 512) if axis == -1 else (512, 128)
-  for k_splits in (None, 2):
-    f = jax.jit(lambda v, k_splits=k_splits: quantize_nvfp4_rht_sr(
-        v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True, k_splits=k_splits))
+  for k_splits, source in ((None, "smem"), (2, "smem"), (None, "registers")):
+    f = jax.jit(lambda v, k_splits=k_splits, source=source: quantize_nvfp4_rht_sr(
+        v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True, k_splits=k_splits, _tile_source=source))
     f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
 
 
@@ -220,6 +237,8 @@ def test_rejects_bad_arguments():
     quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, block=32)
   with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
     quantize_nvfp4_rht_sr(jnp.zeros((64, 512)), s, z, k_splits=3)
+  with pytest.raises(ValueError, match="_tile_source='sram'"):
+    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, _tile_source="sram")
 
 
 def test_can_use_backward_quantizer():
@@ -245,6 +264,10 @@ def test_backward_quantizer_gpu(rng, key, dtype, shape):
   t0, y0 = f0(xl.T)
   np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))
   np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
+  for axis, x in ((-1, xl), (0, xl.T)):  # the register tile source: the same bits as the SMEM one
+    tr = jax.jit(lambda v, axis=axis: quantize_nvfp4_rht_sr(v, signs, seed, axis=axis, _tile_source="registers"))(x)
+    for a, b in zip(jax.tree.leaves(tr), jax.tree.leaves(t)):
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert can_use_pallas_backward_quantizer(shape, dtype, axis=-1)
   assert can_use_pallas_backward_quantizer(shape[::-1], dtype, axis=0)
 

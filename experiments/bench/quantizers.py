@@ -182,8 +182,18 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
             row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
                 pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
       _label(jobs, start, f"rht+sr {dname} axis={axis}")
+      exact = (f"pallas rht+sr {dname} axis={axis}", shape)
+      # The quantizer reading the wgmma accumulator in registers, unrolled: what the SMEM round
+      # trip of the transformed tile costs (bitwise the same codes and scales).
+      rk = (exact[0] + " tiles from registers (unrolled, larger module)", shape)
+      jobs.append(Job(rk, lambda v, sg, sd, axis=axis: quantize_nvfp4_rht_sr(v, sg, sd, axis=axis,
+                                                                            _tile_source="registers"),
+                      (x, signs, jnp.uint32(4)),
+                      check=lambda out, outs, exact=exact: None if exact in outs and _tensors_equal(
+                          out, outs[exact]) else "MISMATCH vs the SMEM tile source",
+                      row=lambda dt, out, times, rk=rk, nb=nb, bw=bw, xla=xla: _quant_row(
+                          rk[0], rk[1], dt, nb, bw(times), times[xla])))
       if dtype == jnp.bfloat16 and axis == -1:
-        exact = (f"pallas rht+sr {dname} axis={axis}", shape)
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)
           jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),

@@ -88,7 +88,7 @@ def _abs_max(parts) -> jax.Array:
 
 
 def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, interpret: bool,
-                  with_operand: bool, division: Division = "exact") -> None:
+                  with_operand: bool, division: Division = "exact", unrolled: bool = False) -> None:
   """Quantizes one [bm, 128] tile (one outer block per row) and writes it; shared by the RTN and
   the backward kernel.
 
@@ -101,8 +101,8 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
 
   Args:
     load_sub: c -> tuple of float32 [bm, w] arrays holding together the 16
-      values of inner block c (c is a Python int in the first pass and a
-      traced index in the loop).
+      values of inner block c (c a traced loop index; a Python int for block
+      0 and when unrolled).
     round_parts: (c, scaled) -> int32 E2M1 magnitude indices, one per part,
       of the parts' |x| r (RNE for RTN; SR for the backward kernel).
     store_sub: (c, codes, qs) -> None: writes block c's int32 codes per part
@@ -113,18 +113,22 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
     division: "exact" (the reference's rule: r = reciprocal_rn(s) per inner
       block, then rounding of |x| r) or "hardware" (the plain 1 / s: timing
       only, not bitwise).
+    unrolled: eight unrolled copies with c a Python int, for `load_sub`s that
+      slice a register array (which a loop counter cannot index).
   """
-  first = _abs_max(load_sub(0))
-
-  @pl.loop(1, OUTER // INNER, init_carry=first)
-  def amax(c, running):
-    return jnp.maximum(running, _abs_max(load_sub(c)))  # NaN-propagating
+  if unrolled:
+    amax = _abs_max(load_sub(0))
+    for c in range(1, OUTER // INNER):
+      amax = jnp.maximum(amax, _abs_max(load_sub(c)))  # NaN-propagating
+  else:
+    @pl.loop(1, OUTER // INNER, init_carry=_abs_max(load_sub(0)))
+    def amax(c, running):
+      return jnp.maximum(running, _abs_max(load_sub(c)))
 
   s_out = outer_scale([amax], interpret)
   s_out_ref[0, :] = s_out
 
-  @pl.loop(0, OUTER // INNER)
-  def _(c):
+  def inner_block(c):
     parts = load_sub(c)
     s_in = inner_scale(_abs_max(parts), s_out, interpret)
     s_in_ref[c, :] = s_in
@@ -139,6 +143,12 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
         mag = _index_magnitude(idx) * lax.broadcast_in_dim(s_in, x.shape, [0])
         qs.append(jnp.where(neg, -mag, mag))
     store_sub(c, codes, qs if with_operand else None)
+
+  if unrolled:
+    for c in range(OUTER // INNER):
+      inner_block(c)
+  else:
+    pl.loop(0, OUTER // INNER)(inner_block)
 
 
 def packed_store(codes_ref, qs_ref=None):

@@ -45,6 +45,8 @@ marks NaN anyway).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -59,6 +61,9 @@ from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, r
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
 from tetrajet_jax.numerics.e2m1 import stochastic_index
+
+# Where the quantizer reads the transformed tile (`quantize_nvfp4_rht_sr`'s _tile_source).
+TileSource = Literal["smem", "registers"]
 
 
 def transform_matrix(signs_16: jax.Array) -> jax.Array:
@@ -106,7 +111,7 @@ def _sr_rounding(key_rows, col0):
   return round_parts
 
 
-def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math):
+def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source):
   """Validates `quantize_nvfp4_rht_sr`'s arguments (ValueError says what to change) and returns
   (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
   tokens to a multiple of 128."""
@@ -126,8 +131,9 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
   if jnp.ndim(seed) != 0:
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
-  if _division not in ("exact", "hardware") or _math not in ("full", "none"):
-    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r}.")
+  if _division not in ("exact", "hardware") or _math not in ("full", "none") or _tile_source not in ("smem",
+                                                                                                    "registers"):
+    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
   if _math == "none" and emit_transformed:
     raise ValueError(f"{name}: _math='none' computes no transform to emit.")
   shape = tuple(x.shape)
@@ -183,7 +189,7 @@ def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, *, emit_opera
 def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
                           block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
                           emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                          _division: Division = "exact", _math: Math = "full"):
+                          _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
   """RHT-16 + double-block scales + stochastic rounding of a 2-D array, one pass.
 
   Args:
@@ -210,6 +216,12 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       by its scale with the plain x / s (scales stay exact); _math="none"
       keeps grid, TMA pipeline and stores but skips the transform and all
       tile math (codes and scales from the row keys: the memory ceiling).
+    _tile_source: where the quantizer reads the transformed tile: "smem"
+      (written back from the wgmma accumulator, then read in [block, 8]
+      slices by a rolled loop; the default) or "registers" (sliced straight
+      from the accumulator, the eight inner blocks unrolled: no SMEM round
+      trip and no 32 KiB y buffer, a larger module). Same results bitwise;
+      `python -m experiments.bench kernels --only bwdquant` times both.
 
   Returns:
     NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding="stochastic",
@@ -222,19 +234,20 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     seed = np.uint32(seed)
   return _rht_sr_instance(x, signs_16, seed, axis=axis, block=block, max_concurrent_steps=max_concurrent_steps,
                           emit_operand=emit_operand, emit_transformed=emit_transformed, k_splits=k_splits,
-                          interpret=interpret, _division=_division, _math=_math)
+                          interpret=interpret, _division=_division, _math=_math, _tile_source=_tile_source)
 
 
 @_platform.one_lowering_per_instance("axis", "block", "max_concurrent_steps", "emit_operand", "emit_transformed",
-                                     "k_splits", "interpret", "_division", "_math")
+                                     "k_splits", "interpret", "_division", "_math", "_tile_source")
 def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
                      block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
                      emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                     _division: Division = "exact", _math: Math = "full"):
+                     _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
   """The kernel instance behind `quantize_nvfp4_rht_sr` (same arguments)."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
   x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
-                                 _division=_division, _math=_math)
+                                 _division=_division, _math=_math, _tile_source=_tile_source)
+  y_in_smem = _tile_source == "smem" or emit_transformed
   kb = k // OUTER
   dtype = x.dtype
   f32_in = dtype == jnp.float32
@@ -254,10 +267,9 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
     y_gmem = refs[n_out] if emit_transformed else None
     refs = refs[n_out + int(emit_transformed):]
     outs_smem = refs[:n_out]
-    if f32_in:
-      bt_smem, keys_smem, y_smem, bar_bt, bar_keys, split_smem = refs[n_out:]
-    else:
-      bt_smem, keys_smem, y_smem, bar_bt, bar_keys = refs[n_out:]
+    bt_smem, keys_smem, bar_bt, bar_keys, *extra = refs[n_out:]
+    y_smem = extra.pop(0) if y_in_smem else None
+    split_smem = extra.pop(0) if f32_in else None
     rows = pl.ds(lax.axis_index("rows") * block, block)
     j0 = lax.axis_index("k") * kb_part  # this CTA's first 128-block
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
@@ -305,20 +317,24 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
         return acc_ref[...]
 
       y = pl.run_scoped(mma, plgpu.ACC((block, OUTER), jnp.float32))
-      # The quantizer reads y back in [block, 8] slices (the RTN kernel's load pattern).
-      if emit_transformed:
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous step's copy of y_smem is done
-      y_smem[...] = y
-      plgpu.commit_smem()
-      half = OUTER // 2
-      # optimized=False: no bank-conflict-free plan with a loop-indexed offset (nvfp4_quantize).
-      load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, INNER // 2)], layout=plgpu.Layout.WGMMA, optimized=False)
-      pairs = lambda c: (load(c * (INNER // 2)), load(half + c * (INNER // 2)))
+      half, w = OUTER // 2, INNER // 2
+      if y_in_smem:
+        if emit_transformed:
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous step's copy of y_smem is done
+        y_smem[...] = y
+        plgpu.commit_smem()
+      if _tile_source == "registers":  # inner block c: accumulator columns [8c, 8c+8) and [64+8c, 64+8c+8)
+        pairs = lambda c: (y[:, c * w:(c + 1) * w], y[:, half + c * w:half + (c + 1) * w])
+      else:  # read back in [block, 8] slices (the RTN kernel's load pattern)
+        # optimized=False: no bank-conflict-free plan with a loop-indexed offset (nvfp4_quantize).
+        load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, w)], layout=plgpu.Layout.WGMMA, optimized=False)
+        pairs = lambda c: (load(c * w), load(half + c * w))
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
       quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER),
                     packed_store(codes_s, outs_smem[3].at[slot] if emit_operand else None), s_in_s, s_out_s,
-                    interpret=interpret, with_operand=emit_operand, division=_division)
+                    interpret=interpret, with_operand=emit_operand, division=_division,
+                    unrolled=_tile_source == "registers")
       plgpu.commit_smem()
       copy_out(j, slot)
       if emit_transformed:
@@ -337,10 +353,11 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
   scratch += [
       plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)),
       plgpu.SMEM((1, block), jnp.uint32),
-      plgpu.SMEM((block, OUTER), jnp.float32),
       plgpu.Barrier(),
       plgpu.Barrier(),
   ]
+  if y_in_smem:  # the transformed tile, for the SMEM tile source or the emitted y
+    scratch.append(plgpu.SMEM((block, OUTER), jnp.float32))
   if f32_in:  # one bf16 part of the hi/mid/lo split at a time
     scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
