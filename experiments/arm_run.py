@@ -54,6 +54,8 @@ def _compile_up_front(plan, arm, trainer) -> None:
 
 def run_arm(plan, arm, data, eval_dir) -> dict[str, Any]:
   """Trains (or resumes) one arm and evaluates it; returns its final.json content."""
+  from tetrajet_jax.nn import quantized_kernel_filter  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.optim import latent_weight_histogram  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train.trainer import NonFiniteLossError, TrainData, Trainer  # pylint: disable=import-outside-toplevel
 
   arm_dir = plan.out / arm.name
@@ -97,7 +99,9 @@ def run_arm(plan, arm, data, eval_dir) -> dict[str, Any]:
   t_down = time.time() - t0 - t_train - t_val
   print(f"{arm.name}: final validation {t_val:.0f} s, downstream {t_down:.0f} s", flush=True)
   if arm.quantized and not arm.outcontrol:  # OutControl's MXFP8 rows are not on the FP4 grid
-    edges, counts = trainer.latent_histogram()
+    # The FP4 kernels' latent weights w / s in grid units, every rounding threshold at a bin centre.
+    edges, counts = latent_weight_histogram(trainer.state["params"],
+                                            param_filter=quantized_kernel_filter(trainer.model()))
     write_json_atomic(arm_dir / LATENT_HISTOGRAM, {"step": result.step, "edges": edges.tolist(),
                                                    "counts": counts.tolist()})
   trainer.close()

@@ -18,7 +18,7 @@ The first ``--runs`` folder is the reference (seed 0, all six arms; gap
 closure is computed within it); the others repeat some arms with another
 seed and give the seed-noise figure. The "Across seeds" section treats every
 folder as one seed: per-arm means and spreads, and each claim's difference
-paired by seed with its 95% interval and verdict (`experiments.seed_stats`),
+paired by seed with its 95% interval and verdict (`experiments.report_seeds`),
 which is what a run with three or more seeds per arm is read by. Files read
 per folder::
 
@@ -40,14 +40,13 @@ import sys
 from pathlib import Path
 
 
-from experiments import plots, seed_stats
+from experiments import plots, report_seeds
 from experiments.tables import fmt  # the runner's n/a-aware number format
 from experiments.tables import LATENT_HISTOGRAM, comparison, fmt_ratio, gap_closure, markdown_table
 from experiments.report_data import (ABLATION_ARMS, NOISE_MARGIN, SEED_NOISE_ARMS, ArmRun, RunFolder, SeedNoise,
                                      in_units, late_mean, late_rebound, load_folders,
                                      loss_delta, loss_verdict, rebound_verdict, seed_noise, display,
                                      REPO_ROOT)
-from tetrajet_jax.train.arms import ARMS
 
 DEFAULT_RUNS = (REPO_ROOT / "experiments/results/h200_20m/seed0", REPO_ROOT / "experiments/results/h200_20m/seed1")
 DEFAULT_OUT = REPO_ROOT / "docs/RESULTS.md"
@@ -278,72 +277,6 @@ def seed_noise_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
 
 # Arms whose end-of-training latent weights the report compares (OsciReset's effect).
 LATENT_ARMS = ("tetrajet_v2", "tetrajet_v2_oscireset")
-# Claims weighed seed by seed: (title, arm, baseline), each "arm's validation loss is lower".
-SEED_CLAIMS = (("TetraJet-v2 beats NVIDIA's recipe", "tetrajet_v2", "nvidia_nvfp4"),
-               ("TetraJet-v2 full beats NVIDIA's recipe", "tetrajet_v2_full", "nvidia_nvfp4"),
-               ("OsciReset lowers the validation loss", "tetrajet_v2_oscireset", "tetrajet_v2"),
-               ("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2"))
-
-
-def _val_metrics(folders: list[RunFolder]) -> list[str]:
-  """loss, ppl, bits/byte, then per source group (`<group>/loss`, ...) where final.json has them."""
-  keys = ["loss", "ppl", "bits_per_byte"]
-  groups = sorted({k for f in folders for a in f.arms.values() if a.completed for k in a.final["val"]
-                   if "/" in k and k.split("/", 1)[1] in keys})
-  return keys + groups
-
-
-def _interval_cell(iv: seed_stats.Interval | None, spec: str) -> str:
-  return "n/a" if iv is None else f"{iv.mean:{spec}} [{iv.low:{spec}}, {iv.high:{spec}}]"
-
-
-def across_seeds_section(folders: list[RunFolder]) -> list[str]:
-  """Per-arm means and spreads over the seed folders, and every claim's paired interval and verdict."""
-  seeds = [f for f in folders if f.exists]
-  lines = ["## Across seeds", "",
-           f"Each results folder is one seed (the same initialisation and data order for all its arms). Per arm: "
-           f"mean ± sample standard deviation over the seeds that completed it. Per claim: the difference arm - "
-           f"baseline in each seed that has both, its mean and 95% Student interval (t with n - 1 degrees of "
-           f"freedom), and the verdict: **{seed_stats.CONFIRMED}** if the interval lies on the claimed side of 0, "
-           f"**{seed_stats.REFUTED}** if it lies on the other side, **{seed_stats.UNRESOLVED}** if it contains 0 "
-           f"or fewer than two seeds have both arms. For the gap closure: confirmed if its interval lies inside "
-           f"(0, 1) and contains the paper's {PAPER_MEAN_GAP_CLOSURE:.1%}, refuted if it excludes it.", ""]
-  metrics = _val_metrics(seeds)
-  rows = []
-  for arm in sorted({a for f in seeds for a in f.listed_arms}, key=lambda a: (list(ARMS).index(a) if a in ARMS
-                                                                             else len(ARMS), a)):
-    cells = []
-    for key in metrics:
-      sp = seed_stats.spread([f.arm(arm).val(key) if key in (f.arm(arm).final or {}).get("val", {}) else None
-                              for f in seeds])
-      cells.append("n/a" if sp is None else f"{sp.mean:.4f}" + ("" if sp.std is None else f" ± {sp.std:.4f}"))
-    n = sum(f.arm(arm).completed for f in seeds)
-    rows.append([arm, str(n)] + cells)
-  lines += markdown_table(["arm", "seeds"] + [f"val {k}" for k in metrics], rows) + [""]
-
-  rows = []
-  for title, arm, base in SEED_CLAIMS:
-    iv = seed_stats.interval([loss_delta(f, arm, base) for f in seeds])
-    n = sum(loss_delta(f, arm, base) is not None for f in seeds)
-    rows.append([title, f"{arm} - {base}", str(n), _interval_cell(iv, "+.4f"), seed_stats.lower_verdict(iv)])
-  closures = [gap_closure(*(f.arm(a).val("ppl") for a in ("tetrajet_v2_full", "nvidia_nvfp4", "bf16")))
-              for f in seeds]
-  iv = seed_stats.interval(closures)
-  rows.append([f"TetraJet-v2 full closes about {PAPER_MEAN_GAP_CLOSURE:.1%} of NVIDIA's PPL gap to bf16",
-               "gap closure", str(sum(c is not None for c in closures)), _interval_cell(iv, ".3f"),
-               seed_stats.share_verdict(iv, PAPER_MEAN_GAP_CLOSURE)])
-  rebounds = []
-  for f in seeds:
-    without, with_reset = late_rebound(f.arm("tetrajet_v2").records), late_rebound(f.arm("tetrajet_v2_oscireset").records)
-    rebounds.append(None if without is None or with_reset is None else with_reset.rebound - without.rebound)
-  iv = seed_stats.interval(rebounds)
-  rows.append(["OsciReset removes the late rebound of the training loss",
-               "rebound with - without OsciReset", str(sum(r is not None for r in rebounds)),
-               _interval_cell(iv, "+.4f"), seed_stats.lower_verdict(iv)])
-  lines += markdown_table(["claim", "difference", "seeds", "mean [95% interval]", "verdict"], rows) + [""]
-  lines.append("Rebound: the smoothed training loss's rise from its minimum over the last third to its end "
-               "(see the Discussion).")
-  return lines + [""]
 
 
 def figures_section(folders: list[RunFolder], figures: Path, out: Path) -> list[str]:
@@ -511,7 +444,7 @@ def _downstream_claim(ref: RunFolder) -> str:
 def render(folders: list[RunFolder], *, command: str, out: Path, figures: Path) -> str:
   noise = seed_noise(folders)
   sections = (header_section(command, folders) + provenance_section(folders) + main_table_section(folders)
-              + seed_noise_section(folders, noise) + across_seeds_section(folders)
+              + seed_noise_section(folders, noise) + report_seeds.section(folders, PAPER_MEAN_GAP_CLOSURE)
               + figures_section(folders, figures, out)
               + discussion_section(folders, noise))
   return "\n".join(sections).rstrip("\n") + "\n"

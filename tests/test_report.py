@@ -285,7 +285,8 @@ def test_across_seeds_intervals_and_verdicts(tmp_path):
     mean, low, high = loss_claim(arm, base)
     assert row["mean [95% interval]"] == f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
     assert row["seeds"] == "3" and row["verdict"] == verdict
-  closures = [(PPL_THREE_SEEDS["nvidia_nvfp4", s] - PPL_THREE_SEEDS["tetrajet_v2_full", s]) / (PPL_THREE_SEEDS["nvidia_nvfp4", s] - PPL_THREE_SEEDS["bf16", s])
+  ppl = PPL_THREE_SEEDS
+  closures = [(ppl["nvidia_nvfp4", s] - ppl["tetrajet_v2_full", s]) / (ppl["nvidia_nvfp4", s] - ppl["bf16", s])
               for s in range(3)]
   mean, low, high = interval(closures)
   row = claims["gap closure"]

@@ -55,7 +55,6 @@ from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
 from tetrajet_jax.evaluation.perplexity import padded_token_bytes
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
-from tetrajet_jax.optim import diagnostics
 from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train import step as step_lib
@@ -483,11 +482,6 @@ class Trainer:
     else:
       status = "completed" if self.step >= cfg.total_steps else "paused"
     return TrainResult(status=status, step=self.step, last_metrics=last)
-
-  def latent_histogram(self) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, counts): the FP4 kernels' latent weights w / s now, in E2M1 grid units, every
-    decision threshold at a bin centre (`optim.diagnostics.latent_weight_histogram`)."""
-    return diagnostics.latent_weight_histogram(self.state["params"], param_filter=self._param_filter)
 
   def close(self) -> None:
     if self.checkpointer is not None:
