@@ -8,10 +8,10 @@ docs/SPEC.md section 1 to the bit:
   s_in  = round_to_e4m3(amax_16 / s_out / 6) (0 -> 2^-9),
   r     = 1 / (s_in * s_out), correctly rounded, once per 16-block,
   q     = rne_e2m1(x * r), saturating at 6.
-The per-block divisions are single correctly rounded PTX instructions
-(`kernels._division`: Mosaic GPU's own f32 division is not correctly
-rounded), the E4M3 rounding is `round_to_e4m3` and the element rounding is
-`e2m1.nearest_index` of the product, the reference's own functions; the
+The scales are the reference's own formulas (`numerics.nvfp4.block_outer_scale`,
+`block_inner_scale`) with single correctly rounded PTX divisions
+(`kernels._division`: Mosaic GPU's own f32 division is not correctly rounded),
+and the element rounding is `e2m1.nearest_index` of the product; the
 elements are only multiplied (one float32 product each, then compares).
 
 Kernel: grid (row blocks, parts of K), each CTA walking its part of K in
@@ -43,10 +43,9 @@ from jax import lax
 from tetrajet_jax.kernels import _platform
 from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
-from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index
+from tetrajet_jax.numerics.e2m1 import flush_subnormal, nearest_index
 from tetrajet_jax.numerics.e2m1 import grid_value as _index_magnitude  # E2M1 grid value of an index (exact)
-from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
-from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL, round_to_e4m3
+from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK, block_inner_scale, block_outer_scale
 
 OUTER = OUTER_BLOCK
 INNER = INNER_BLOCK
@@ -61,22 +60,21 @@ Division = Literal["exact", "hardware"]
 Math = Literal["full", "none"]
 
 
-def outer_scale(amax_in: list, interpret: bool) -> jax.Array:
-  """s_out [bm] of one tile from its eight inner-block amaxes [bm]: amax / 448 / 6
-  (0 -> 1, NaN/Inf block -> NaN), the reference's formula with correctly rounded
-  divisions (kernels._division)."""
-  amax = amax_in[0]
-  for a in amax_in[1:]:
-    amax = jnp.maximum(amax, a)  # NaN-propagating
-  s_out = div_rn(div_rn(amax, E4M3_MAX, interpret=interpret), E2M1_MAX, interpret=interpret)
-  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
-  return jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # Inf/NaN in the block -> NaN scale
+def _kernel_division(interpret: bool):
+  """`numerics.nvfp4`'s Division for kernel bodies: one correctly rounded PTX instruction."""
+  return lambda x, y: div_rn(x, y, interpret=interpret)
+
+
+def outer_scale(amax: jax.Array, interpret: bool) -> jax.Array:
+  """s_out [bm] of one tile from its amax [bm] (the reference's formula, numerics.nvfp4), with
+  a NaN scale for a block holding NaN/Inf."""
+  s_out = block_outer_scale(amax, _kernel_division(interpret))
+  return jnp.where(amax <= _F32_MAX, s_out, jnp.nan)  # single compare feeding a select (Mosaic GPU)
 
 
 def inner_scale(amax_16: jax.Array, s_out: jax.Array, interpret: bool) -> jax.Array:
-  """s_in [bm] of one inner block: e4m3(amax_16 / s_out / 6) (0 -> 2^-9)."""
-  s_in = round_to_e4m3(div_rn(div_rn(amax_16, s_out, interpret=interpret), E2M1_MAX, interpret=interpret))
-  return jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
+  """s_in [bm] of one inner block (the reference's formula, numerics.nvfp4)."""
+  return block_inner_scale(amax_16, s_out, _kernel_division(interpret))
 
 
 def _abs_max(parts) -> jax.Array:
@@ -125,7 +123,7 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
     def amax(c, running):
       return jnp.maximum(running, _abs_max(load_sub(c)))
 
-  s_out = outer_scale([amax], interpret)
+  s_out = outer_scale(amax, interpret)
   s_out_ref[0, :] = s_out
 
   def inner_block(c):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -120,18 +120,38 @@ def dequantize_nvfp4(t: NVFP4Tensor) -> jax.Array:
   return jnp.moveaxis(x, -1, t.axis)
 
 
+# A correctly rounded float32 division x / y (y an array of positive scales or a Python float
+# constant): the XLA quantizer's `scales.div_rn`, or the Pallas kernels' single PTX instruction.
+Division = Callable[[jax.Array, Any], jax.Array]
+
+
+def block_outer_scale(amax: jax.Array, div: Division) -> jax.Array:
+  """The 1x128 FP32 scale of a block from its amax: amax / 448 / 6, in this order (docs/SPEC.md
+  section 1), 0 -> 1. Non-finite amaxes are the caller's to mark."""
+  s = div(div(amax, E4M3_MAX), E2M1_MAX)
+  return jnp.where(s == 0, 1.0, s)
+
+
+def block_inner_scale(amax_16: jax.Array, s_out: jax.Array, div: Division) -> jax.Array:
+  """The E4M3 scale of a 1x16 block, float32-valued: e4m3(amax_16 / s_out / 6), 0 -> 2^-9."""
+  s_in = round_to_e4m3(div(div(amax_16, s_out), E2M1_MAX))
+  return jnp.where(s_in == 0, E4M3_MIN_SUBNORMAL, s_in)
+
+
+def _xla_division(x: jax.Array, y) -> jax.Array:
+  return div_by_constant(x, y) if isinstance(y, float) else div_rn(x, y, positive_divisor=True)
+
+
 def _inner_scales(amax_in: jax.Array, s_out: jax.Array) -> jax.Array:
-  """E4M3 inner scales, float32-valued: e4m3(amax_16 / s_out / 6), 0 -> 2^-9."""
-  s_in = round_to_e4m3(div_by_constant(div_rn(amax_in, s_out, positive_divisor=True), E2M1_MAX))
-  return lax.optimization_barrier(jnp.where(s_in == 0, E4M3_MIN_SUBNORMAL, s_in))
+  return lax.optimization_barrier(block_inner_scale(amax_in, s_out, _xla_division))
 
 
 def _outer_scale(amax: jax.Array, finite: jax.Array, scaling: str) -> jax.Array:
   if scaling == "block":
-    s = div_by_constant(div_by_constant(amax, E4M3_MAX), E2M1_MAX)  # docs/SPEC.md section 1: this order, FP32
+    s = block_outer_scale(amax, _xla_division)
   else:
     s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)  # docs/SPEC.md section 5: NVIDIA's per-tensor scale
-  s = jnp.where(s == 0, 1.0, s)
+    s = jnp.where(s == 0, 1.0, s)
   return lax.optimization_barrier(jnp.where(finite, s, jnp.nan))
 
 
