@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
+from tetrajet_jax.numerics.e2m1 import E2M1_GRID  # pylint: disable=wrong-import-position
 from tetrajet_jax.train.metrics import read_jsonl  # pylint: disable=wrong-import-position
 
 # The training loss is smoothed over about this many points per curve.
@@ -25,6 +26,13 @@ SMOOTHING_POINTS = 50
 # "Late training" starts at this fraction of the last step (the zoomed panel;
 # experiments/report.py measures the late rebound over the same range).
 LATE_START = 2 / 3
+
+
+def _save(fig, path: Path) -> Path:
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -120,28 +128,32 @@ def plot_loss(runs: dict[str, list[dict]], path: Path, title: str = "loss",
       ax.plot(s, sv, color=colors[i % len(colors)], lw=1.2, label=f"{arm} train")
       if vs.size:
         ax.plot(vs, vv, "o--", color=colors[i % len(colors)], ms=4, lw=0.8, label=f"{arm} val")
-  axes[0].set_title(title)
-  axes[1].set_title("last third (zoom)")
   lo = last_step * LATE_START
   ys = []
   for recs in runs.values():
     s, _, sv, _ = smoothed_train_loss(recs)
     vs, vv = series(recs, "val/loss")
     ys += list(sv[s >= lo]) + list(vv[vs >= lo])
-  if ys:
-    pad = 0.05 * (max(ys) - min(ys) + 1e-6)
-    axes[1].set_ylim(min(ys) - pad, max(ys) + pad)
   for ax in axes:
     mark_phases(ax, phases or {}, last_step)
+  _loss_panels(axes, title, "loss (nats/token)", last_step, ys)
+  return _save(fig, path)
+
+
+def _loss_panels(axes, title: str, ylabel: str, last_step: float, late_values) -> None:
+  """Titles, labels, grid and legend of a (whole run, last third) pair of loss panels; the zoom
+  spans the last third's steps and the values plotted there."""
+  axes[0].set_title(title)
+  axes[1].set_title("last third (zoom)")
+  if len(late_values):
+    pad = 0.05 * (max(late_values) - min(late_values) + 1e-6)
+    axes[1].set_ylim(min(late_values) - pad, max(late_values) + pad)
+  for ax in axes:
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-  axes[1].set_xlim(lo, last_step * 1.01 + 1)
+  axes[1].set_xlim(last_step * LATE_START, last_step * 1.01 + 1)
   axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
 
 
 def plot_loss_bands(runs: dict[str, list[list[dict]]], path: Path, title: str = "loss over seeds") -> Path | None:
@@ -167,25 +179,12 @@ def plot_loss_bands(runs: dict[str, list[list[dict]]], path: Path, title: str = 
       ax.fill_between(steps, low, high, color=colors[i % len(colors)], alpha=0.2, lw=0)
       ax.plot(steps, mean, color=colors[i % len(colors)], lw=1.2, label=f"{arm} ({n} seeds)")
   late = np.concatenate([np.concatenate([lw[st >= lo], hi[st >= lo]]) for st, _, lw, hi, _ in curves.values()])
-  if late.size:
-    pad = 0.05 * (late.max() - late.min() + 1e-6)
-    axes[1].set_ylim(late.min() - pad, late.max() + pad)
-  axes[0].set_title(title)
-  axes[1].set_title("last third (zoom)")
-  axes[1].set_xlim(lo, last_step * 1.01 + 1)
-  for ax in axes:
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss, smoothed (nats/token)")
-    ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  _loss_panels(axes, title, "train loss, smoothed (nats/token)", last_step, late)
+  return _save(fig, path)
 
 
 # E2M1 round-to-nearest decision thresholds (midpoints between grid values), in grid units.
-E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E2M1_THRESHOLDS = tuple(float(m) for m in (E2M1_GRID[1:] + E2M1_GRID[:-1]) / 2)
 
 
 def plot_latent_histograms(hists: dict[str, tuple[np.ndarray, np.ndarray]], path: Path) -> Path | None:
@@ -212,10 +211,7 @@ def plot_latent_histograms(hists: dict[str, tuple[np.ndarray, np.ndarray]], path
   axes[0].set_title("FP4 latent weights at the end of training (dotted: rounding thresholds)")
   axes[1].set_title("the same, |w / s| <= 2")
   axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(fig, path)
 
 
 def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -266,10 +262,7 @@ def plot_oscillation(runs: dict[str, list[dict]], path: Path, phases: dict[str, 
     ax.grid(alpha=0.3)
     if ax.lines:
       ax.legend(fontsize=7, ncol=2 if len(ax.lines) > 8 else 1)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _save(fig, path)
 
 
 def plot_all(results_dir: Path, arms: list[str] | None = None) -> list[Path]:
