@@ -131,8 +131,8 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
   if jnp.ndim(seed) != 0:
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
-  if _division not in ("exact", "hardware") or _math not in ("full", "none") or _tile_source not in ("smem",
-                                                                                                    "registers"):
+  if (_division not in ("exact", "hardware") or _math not in ("full", "none")
+      or _tile_source not in ("smem", "registers")):
     raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
   if _math == "none" and emit_transformed:
     raise ValueError(f"{name}: _math='none' computes no transform to emit.")
