@@ -505,6 +505,23 @@ def test_sr_probability_resolution_is_2_to_minus_16(mode):
   assert np.all(sat == 7)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_sr_index_equals_the_float64_rule_around_every_grid_value(mode):
+  """stochastic_index reads lo, gap and the index off v's float bits; it must
+  give the float64 rule's index (numpy_reference.sr_codes) for every float32
+  within 300 ulps of each grid value, midpoint and binade edge, on random
+  values up to 10, and on 0, 2^-126, huge, inf and NaN."""
+  rng = np.random.default_rng(3)
+  edges = (0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 16)
+  near = [(np.arange(-300, 300) + np.float32(e).view(np.int32)).astype(np.int32).view(np.float32) for e in edges]
+  v = np.concatenate(near + [rng.uniform(0, 10, 50_000).astype(np.float32),
+                             np.array([0, 2.0**-126, 1e30, np.inf, np.nan], np.float32)])
+  bits = rng.integers(0, 2**16, v.shape).astype(np.uint32)
+  bits[::7], bits[1::7] = 0, 2**16 - 1  # the extreme bit values on every stretch
+  got = np.asarray(run(nm.e2m1.stochastic_index, mode, jnp.asarray(v), jnp.asarray(bits)))
+  np.testing.assert_array_equal(got, ref.sr_codes(v, bits))
+
+
 def test_counter_generator_bits():
   """The generator gives 16 flat bits per element (chi-square over the 256
   values of each byte), two per hash, distinct streams per row and seed, and

@@ -18,6 +18,7 @@ import pytest
 
 from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                             nvfp4_gemm)
+from tetrajet_jax.kernels.nvfp4_gemm import gemm_k_splits
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
@@ -59,6 +60,33 @@ def test_gemm_promotion_is_per_chunk_interpret(rng):
   wrong = (a_qs @ b_qs.T) * np.outer(np.asarray(a.scale_outer)[:, 0], np.asarray(b.scale_outer)[:, 0])
   assert rel_err(wrong, ref) > 1e-2  # the test data can tell the two apart
   assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("k_splits", [2, 4])
+def test_gemm_split_k_interpret(rng, k_splits):
+  """K cut into parts, each an FP32 partial over its own chunks, summed: the same product (to
+  FP32 order) with every chunk's own scales; a split that dropped or repeated a part, or took
+  another part's scales, would be off by order 1."""
+  a, b = operands(rng, 64, 512, 128)
+  ref = reference64(a, b)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=SMALL, k_splits=k_splits, interpret=True)
+  assert out.shape == (64, 128) and out.dtype == jnp.float32
+  assert rel_err(out, ref) < 1e-5
+  out_bf16 = nvfp4_gemm(a, b, config=SMALL, k_splits=k_splits, interpret=True)
+  np.testing.assert_allclose(np.asarray(out_bf16, np.float64), ref, rtol=2**-8, atol=1e-30)
+
+
+def test_gemm_k_splits_fill_the_sms(monkeypatch):
+  monkeypatch.setattr("tetrajet_jax.kernels._platform.num_sms", lambda interpret: 132)  # the H200
+  # Weight gradients of the 20m model over 32768 tokens (256 chunks; CTA tiles of 128 x 128):
+  assert gemm_k_splits(384, 384, 32768) == 8  # 9 tiles: 72 work items (16 would make 144 > 132)
+  assert gemm_k_splits(384, 2048, 32768) == 2  # 48 tiles: 96
+  assert gemm_k_splits(1024, 384, 32768) == 4  # 24 tiles: 96
+  assert gemm_k_splits(32768, 384, 384) == 1  # a forward GEMM: 768 tiles fill the SMs alone
+  assert gemm_k_splits(128, 128, 512) == 1  # 4 chunks: no part would keep 4
+  with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
+    a, b = operands(np.random.default_rng(0), 64, 512, 128)
+    nvfp4_gemm(a, b, config=SMALL, k_splits=3, interpret=True)
 
 
 def test_gemm_bf16_output_interpret(rng):

@@ -16,6 +16,17 @@ import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
 
 
+# Compiler parameters of the quantizer kernels. Pallas brackets every SMEM store with two
+# warpgroup barriers by default (four per inner block in `quantize_tile`), which stalls the
+# four warps on each other in a loop that is latency-bound. The kernels need none of them:
+# every SMEM buffer they write is either written before a `commit_smem` (fence + warpgroup
+# barrier) that precedes every read of it by another thread or by TMA/wgmma, or rewritten
+# only after a `wait_smem_to_gmem` (which also ends in a warpgroup barrier); the wgmma
+# operand buffer is rewritten only after `wgmma_wait`, which returns once the whole
+# warpgroup's MMA has read it. Scale stores from the row layout write equal values.
+QUANTIZER_PARAMS = plgpu.CompilerParams(unsafe_no_auto_barriers=True)
+
+
 @functools.lru_cache(maxsize=None)
 def hopper_available() -> bool:
   """True when the default JAX device is a CUDA GPU of compute capability 9.x."""
@@ -65,14 +76,16 @@ def k_splits(row_blocks: int, k_blocks: int, interpret: bool, requested: int | N
   one CTA each. With one CTA per row block, a short canonical row count
   starves the GPU (X^T of a 16384 x 1024 activation is 16 row blocks: 16 of
   132 SMs busy). The default is the fewest parts (a divisor of k_blocks) that
-  give every SM two CTAs; `requested` forces a count (it must divide k_blocks).
+  give every SM four CTAs: two are resident at a time (shared memory), and
+  more, shorter CTAs shrink the last, partly filled wave (docs/notes/kernels.md);
+  `requested` forces a count (it must divide k_blocks).
   """
   if requested is not None:
     if requested <= 0 or k_blocks % requested:
       raise ValueError(f"k_splits={requested} must be a positive divisor of the {k_blocks} blocks of 128 "
                        "along the quantized axis.")
     return requested
-  target = 2 * num_sms(interpret)
+  target = 4 * num_sms(interpret)
   for s in range(1, k_blocks + 1):
     if k_blocks % s == 0 and row_blocks * s >= target:
       return s

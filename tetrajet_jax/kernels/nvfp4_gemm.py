@@ -96,14 +96,16 @@ def _swizzled(dtype, minor: int):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
-def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig):
-  """Refs: a [M, Kp] bf16, b [N, Kp] bf16, sa [Kp/128, M] f32, sb [Kp/128, N] f32, out [M, N]."""
+def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig, k_splits: int):
+  """Refs: a [M, Kp] bf16, b [N, Kp] bf16, sa [Kp/128, M] f32, sb [Kp/128, N] f32, out [k_splits, M, N]
+  (split s holds the sum over its K chunks)."""
   m, kp = a_gmem.shape
   n = b_gmem.shape[0]
   out_dtype = out_gmem.dtype
   tm, tn = cfg.tile_m, cfg.tile_n
   cta_m, cta_n = cfg.cta_tile_m, cfg.cta_tile_n
-  m_iters, n_iters, k_iters = m // cta_m, n // cta_n, kp // CHUNK_K
+  m_iters, n_iters = m // cta_m, n // cta_n
+  k_iters = kp // CHUNK_K // k_splits  # K chunks per work item
   epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
   ab_transforms = _swizzled(jnp.bfloat16, CHUNK_K)
 
@@ -137,10 +139,13 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
   def _scope(allocs, out_smem):
     wg = lax.axis_index("wg")
 
-    @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+    @plgpu.nd_loop((m_iters * n_iters * k_splits,), collective_axes="sm")
     def _tile_loop(info: plgpu.NDLoopInfo):
       (lin,) = info.index
-      mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters), 1, cfg.grid_tile_width)
+      split, tile = lin // (m_iters * n_iters), lax.rem(lin, m_iters * n_iters)
+      mi, ni = plgpu.planar_snake(tile, (m_iters, n_iters), 1, cfg.grid_tile_width)
+      k_sl = pl.ds(split * k_iters * CHUNK_K, k_iters * CHUNK_K)
+      chunk_sl = pl.ds(split * k_iters, k_iters)
       cta_m_sl = pl.ds(mi * cta_m, cta_m)
       cta_n_sl = pl.ds(ni * cta_n, cta_n)
       wg_n_sl = pl.ds(wg * tn, tn)
@@ -160,7 +165,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(
                 out_smem.at[wg, slot],
-                out_gmem.at[cta_m_sl, cta_n_sl].at[:, wg_n_sl].at[e_m, e_n])
+                out_gmem.at[split].at[cta_m_sl, cta_n_sl].at[:, wg_n_sl].at[e_m, e_n])
 
       def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, acc):
         def mma(acc_ref):
@@ -173,8 +178,8 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig)
         return acc + part * scale
 
       get_pipeline(chunk_body, compute_context)(
-          a_gmem.at[cta_m_sl, :], b_gmem.at[cta_n_sl, :],
-          sa_gmem.at[:, cta_m_sl], sb_gmem.at[:, cta_n_sl],
+          a_gmem.at[cta_m_sl, k_sl], b_gmem.at[cta_n_sl, k_sl],
+          sa_gmem.at[chunk_sl, cta_m_sl], sb_gmem.at[chunk_sl, cta_n_sl],
           allocations=allocs)
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -202,9 +207,29 @@ def _check_operands(a_qs, a_so, b_qs, b_so, cfg: GemmConfig, name: str):
                      "lower max_concurrent_steps or the tiles.")
 
 
+# Split K only while every K part keeps at least this many 128-chunks in its pipeline.
+_MIN_CHUNKS_PER_SPLIT = 4
+
+
+def gemm_k_splits(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT_CONFIG, interpret: bool = False) -> int:
+  """Parts the GEMM cuts K into: the most (a divisor of Kp/128) that keep every work item
+  (output tile x K part) in one wave on the SMs, with >= 4 chunks per part; 1 when the output
+  tiles alone fill the SMs. A weight gradient (small [K, N] output, K = tokens) otherwise runs
+  on a handful of SMs: 384 x 384 is nine CTA tiles for 132 SMs."""
+  tiles = (m // config.cta_tile_m) * (n // config.cta_tile_n)
+  chunks = kp // CHUNK_K
+  sms = _platform.num_sms(interpret)
+  best = 1
+  for s in range(2, chunks // _MIN_CHUNKS_PER_SPLIT + 1):
+    if chunks % s == 0 and tiles * s <= sms:
+      best = s
+  return best
+
+
 def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.Array,
                            b_scale_outer: jax.Array, *, out_dtype=jnp.bfloat16,
-                           config: GemmConfig = DEFAULT_CONFIG, interpret: bool = False) -> jax.Array:
+                           config: GemmConfig = DEFAULT_CONFIG, k_splits: int | None = None,
+                           interpret: bool = False) -> jax.Array:
   """out = sum_c (a_qs[:, c] @ b_qs[:, c]^T) * (a_so[:, c] outer b_so[:, c]), FP32 accumulation.
 
   Args:
@@ -214,6 +239,8 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
     b_scale_outer: f32 [N, Kp/128], or a scalar.
     out_dtype: output dtype (bf16 or f32).
     config: tiling.
+    k_splits: parts K is cut into (a divisor of Kp/128), each summed by its own
+      work item into an FP32 partial that XLA adds up; default `gemm_k_splits`.
     interpret: run on the CPU in Mosaic GPU's interpreter.
 
   Returns:
@@ -224,9 +251,15 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
   a_so = jnp.broadcast_to(jnp.asarray(a_scale_outer, jnp.float32), (m, kp // CHUNK_K))
   b_so = jnp.broadcast_to(jnp.asarray(b_scale_outer, jnp.float32), (n, kp // CHUNK_K))
   _check_operands(a_qs, a_so, b_qs, b_so, config, "block_scaled_bf16_gemm")
+  if k_splits is None:
+    k_splits = gemm_k_splits(m, n, kp, config=config, interpret=interpret)
+  if k_splits < 1 or (kp // CHUNK_K) % k_splits:
+    raise ValueError(f"block_scaled_bf16_gemm: k_splits={k_splits} must be a positive divisor of the "
+                     f"{kp // CHUNK_K} chunks of {CHUNK_K} along K.")
+  part_dtype = out_dtype if k_splits == 1 else jnp.float32
   kernel = plgpu.kernel(
-      functools.partial(_gemm_kernel, cfg=config),
-      out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+      functools.partial(_gemm_kernel, cfg=config, k_splits=k_splits),
+      out_type=jax.ShapeDtypeStruct((k_splits, m, n), part_dtype),
       grid=(_platform.num_sms(interpret),),
       grid_names=("sm",),
       num_threads=3,
@@ -235,7 +268,8 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
   )
   with _platform.interpret_context(interpret):
     # Scales transposed to [Kp/128, M]: one contiguous row per K chunk for TMA.
-    return kernel(a_qs, b_qs, a_so.T, b_so.T)
+    parts = kernel(a_qs, b_qs, a_so.T, b_so.T)
+  return parts[0] if k_splits == 1 else jnp.sum(parts, axis=0).astype(out_dtype)
 
 
 def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
@@ -254,9 +288,9 @@ def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
                      "(quantize_nvfp4(x, axis=...) with block_2d=False).")
 
 
-@_platform.one_lowering_per_instance("out_dtype", "config", "interpret")
+@_platform.one_lowering_per_instance("out_dtype", "config", "k_splits", "interpret")
 def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG,
-               interpret: bool = False) -> jax.Array:
+               k_splits: int | None = None, interpret: bool = False) -> jax.Array:
   """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].
 
   a and b are 2-D NVFP4Tensors; their canonical layout (quantized axis moved
@@ -265,6 +299,8 @@ def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config
   products, FP32 accumulation, outer scales promoted once per 128-wide K
   chunk. Block scaling (1x16 E4M3 in 1x128 FP32) or tensor scaling (scalar
   outer scale), mixed freely. Padding of K is zeros and changes nothing.
+  k_splits: as in `block_scaled_bf16_gemm` (default: split K while the
+  output tiles leave SMs idle).
 
   Returns:
     [rows(a), rows(b)] in out_dtype.
@@ -276,7 +312,7 @@ def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config
                      f"logical shapes {a.shape} (axis {a.axis}) and {b.shape} (axis {b.axis}) must share K.")
   a_qs, a_so = nvfp4_bf16_operand(a)
   b_qs, b_so = nvfp4_bf16_operand(b)
-  return block_scaled_bf16_gemm(a_qs, a_so, b_qs, b_so, out_dtype=out_dtype, config=config,
+  return block_scaled_bf16_gemm(a_qs, a_so, b_qs, b_so, out_dtype=out_dtype, config=config, k_splits=k_splits,
                                 interpret=interpret)
 
 

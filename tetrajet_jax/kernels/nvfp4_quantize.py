@@ -77,12 +77,19 @@ def inner_scale(amax_16: jax.Array, s_out: jax.Array, interpret: bool) -> jax.Ar
   return block_inner_scale(amax_16, s_out, _kernel_division(interpret))
 
 
-def _abs_max(parts) -> jax.Array:
-  """Row amax [bm] over the parts (f32 [bm, w]) of one inner block."""
-  am = jnp.max(jnp.abs(parts[0]), axis=1)
+def _abs_max_elementwise(parts) -> jax.Array:
+  """max(|part|) over the parts (f32 [bm, w]) of one inner block, element by element: no
+  cross-lane work (NaN-propagating, like every max here)."""
+  am = jnp.abs(parts[0])
   for p in parts[1:]:
-    am = jnp.maximum(am, jnp.max(jnp.abs(p), axis=1))
+    am = jnp.maximum(am, jnp.abs(p))
   return am
+
+
+def _abs_max(parts) -> jax.Array:
+  """Row amax [bm] over the parts (f32 [bm, w]) of one inner block: the parts are combined in
+  each lane first, so the row reduction (a 4-lane shuffle tree) runs once, not once per part."""
+  return jnp.max(_abs_max_elementwise(parts), axis=1)
 
 
 def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, interpret: bool,
@@ -114,16 +121,18 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
     unrolled: eight unrolled copies with c a Python int, for `load_sub`s that
       slice a register array (which a loop counter cannot index).
   """
+  # The outer amax: each lane keeps a running max of its own elements over the eight inner
+  # blocks, and the row reduction across lanes runs once at the end.
   if unrolled:
-    amax = _abs_max(load_sub(0))
+    lane_max = _abs_max_elementwise(load_sub(0))
     for c in range(1, OUTER // INNER):
-      amax = jnp.maximum(amax, _abs_max(load_sub(c)))  # NaN-propagating
+      lane_max = jnp.maximum(lane_max, _abs_max_elementwise(load_sub(c)))
   else:
-    @pl.loop(1, OUTER // INNER, init_carry=_abs_max(load_sub(0)))
-    def amax(c, running):
-      return jnp.maximum(running, _abs_max(load_sub(c)))
+    @pl.loop(1, OUTER // INNER, init_carry=_abs_max_elementwise(load_sub(0)))
+    def lane_max(c, running):
+      return jnp.maximum(running, _abs_max_elementwise(load_sub(c)))
 
-  s_out = outer_scale(amax, interpret)
+  s_out = outer_scale(jnp.max(lane_max, axis=1), interpret)
   s_out_ref[0, :] = s_out
 
   def inner_block(c):
@@ -242,7 +251,7 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
       byte, XLA packs; any dtype). Default: "pairs" for bf16, else "xla".
     emit_operand: also return the exact bf16 operand q * s_in [R, K].
     k_splits: CTAs per row block along K (a divisor of K / 128; default: enough
-      for two CTAs per SM, `_platform.k_splits`). Results do not depend on it.
+      for four CTAs per SM, `_platform.k_splits`). Results do not depend on it.
     interpret: run on the CPU in Mosaic GPU's interpreter.
     _division, _math: timing only (experiments.bench's attribution rows),
       results NOT bitwise the reference's: _division="hardware" divides each
@@ -311,7 +320,7 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows, splits), grid_names=("rows", "k"),
-                      scratch_types=scratch)
+                      scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
   with _platform.interpret_context(interpret):
     outs = call(x)
   codes, s_in_t, s_out_t = outs[:3]

@@ -207,7 +207,7 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
     emit_transformed: also return the transformed values y (f32, canonical
       [rows, Kp]) the scales were computed from (for tests and debugging).
     k_splits: CTAs per block of output rows along the quantized axis (a
-      divisor of Kp / 128; default: enough for two CTAs per SM,
+      divisor of Kp / 128; default: enough for four CTAs per SM,
       `_platform.k_splits`). Results do not depend on it: the random bits
       are a function of the canonical element position.
     interpret: run on the CPU in Mosaic GPU's interpreter.
@@ -361,7 +361,7 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
   if f32_in:  # one bf16 part of the hi/mid/lo split at a time
     scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
-                      scratch_types=scratch)
+                      scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
   with _platform.interpret_context(interpret):
     outs = call(x, bt, keys)
   return _assemble(outs, n_out, shape, axis, emit_operand=emit_operand, emit_transformed=emit_transformed)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from tetrajet_jax.numerics import counter_rng
 
@@ -71,14 +72,6 @@ def flush_subnormal(a: jax.Array) -> jax.Array:
   return jnp.where(a >= F32_MIN_NORMAL, a, 0.0)
 
 
-def _lower_index(v: jax.Array) -> jax.Array:
-  """Index (int32, 0..7) of the largest grid value <= v (v >= 0; NaN -> 0; inf -> 7)."""
-  idx = jnp.zeros(v.shape, jnp.int32)
-  for i, g in enumerate(map(float, E2M1_GRID[1:])):
-    idx = jnp.where(v >= g, i + 1, idx)  # monotone in i: later selects override
-  return idx
-
-
 def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   """Magnitude index (int32, 0..7) of v = |x r| >= 0 by stochastic rounding with 16 random bits.
 
@@ -91,12 +84,23 @@ def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   multiply-add can change a decision on any backend. Saturates at 6 (v >= 6
   -> index 7); NaN -> 0. bits: uint32 in [0, 2^16) (counter_rng).
 
-  Compares and selects only (no boolean arithmetic), so Mosaic GPU kernels
-  call it too.
+  lo, its index and the gap come from v's float32 bits, not from a compare
+  per grid value (this runs once per element in the backward kernel): for
+  v >= 1 the grid below v is v with one mantissa bit kept, the gap is half
+  of v's power of two, and the index is (bits >> 22) - 252; below 1 the grid
+  is {0, 0.5} with gap 0.5. Selects and integer ops only (no boolean
+  arithmetic), so Mosaic GPU kernels call it too.
   """
-  lo_idx = _lower_index(v)
-  lo = grid_value(lo_idx)
-  gap = jnp.where(lo_idx >= 6, 2.0, jnp.where(lo_idx >= 4, 1.0, 0.5))  # 0.5 on [0,2], 1 on [2,4], 2 on [4,6]
+  t = lax.bitcast_convert_type(v, jnp.uint32)
+  big = v >= 1.0  # binades [1, 2), [2, 4), [4, 8) and up; False for NaN
+  half = v >= 0.5
+  lo_big = lax.bitcast_convert_type(t & jnp.uint32(0xFFC00000), jnp.float32)
+  gap_big = lax.bitcast_convert_type(t & jnp.uint32(0x7F800000), jnp.float32) * 0.5
+  # 6.0's bits >> 22 are 259: index 7 there and for everything above.
+  idx_big = lax.bitcast_convert_type(jnp.minimum(t >> 22, jnp.uint32(259)) - jnp.uint32(252), jnp.int32)
+  lo_idx = jnp.where(big, idx_big, jnp.where(half, 1, 0))
+  lo = jnp.where(big, lo_big, jnp.where(half, 0.5, 0.0))
+  gap = jnp.where(big, gap_big, 0.5)
   threshold = lo + gap * counter_rng.bits_to_unit(bits)  # exact: lo is a multiple of gap
   return jnp.minimum(jnp.where(v > threshold, lo_idx + 1, lo_idx), 7)
 
