@@ -561,6 +561,45 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
   assert calls and calls.count(-1) == calls.count(0) == len(calls) // 2 and len(calls) % 4 == 0, calls
 
 
+def test_rtn_kernel_takes_outcontrol_fp4_channels_padded_interpret(rng, key, monkeypatch):
+  """With OutControl the FP4 part has K - round(0.1 K) channels (230 of 256 here), not a multiple
+  of 128: the RTN kernel gets them zero-padded to 256, for X (Q1) and W (Q2), and the forward
+  equals the XLA path's bit for bit (the GEMMs stay on XLA here)."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+
+  shapes = []
+  run_kernel = kernels.quantize_nvfp4_rtn
+
+  def counted(x, **kwargs):
+    shapes.append(tuple(x.shape))
+    return run_kernel(x, **kwargs)
+
+  asked = []  # what the layer asks whether the kernel takes (on a GPU: the padded shape, or XLA)
+  monkeypatch.setattr(kernels, "quantize_nvfp4_rtn", counted)
+  monkeypatch.setattr(kernels, "can_use_pallas_quantizer", lambda shape, dtype: asked.append(tuple(shape)) or True)
+  recipe = dataclasses.replace(recipes.get("tetrajet_v2_outcontrol", backend="auto"),
+                               name="tetrajet_v2_outcontrol_interpreted")
+  k = 256
+  idx = jnp.asarray(rng.choice(k, outlier_count(k, 0.1), replace=False), jnp.int32)
+  x = jnp.asarray(rng.standard_t(3.0, (128, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, 128)) * 0.05, jnp.float32)
+  fwd = lambda r: jax.jit(lambda x, w: tj.linear(x, w, recipe=r, key=key, outlier_idx=idx))(x, w)
+  with interpret_kernels("rtn"):
+    fused = fwd(recipe)
+  xla = fwd(dataclasses.replace(recipe, backend="xla", name="tetrajet_v2_outcontrol_xla"))
+  assert sorted(shapes) == sorted(asked) == [(128, 256), (128, 256)], (shapes, asked)  # X and W^T [., K'p]
+  np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(xla, np.float32))
+  # The padded kernel's tensor is the XLA quantizer's, logical shape included.
+  from tetrajet_jax.linear.gemm import rtn_quantize  # noqa: PLC0415
+  with interpret_kernels("rtn"):
+    t = rtn_quantize(x[:, :230], "auto")
+  ref = tj.quantize_nvfp4(x[:, :230], axis=-1)
+  assert (t.shape, t.axis) == (ref.shape, ref.axis) == ((128, 230), 1)
+  for leaf in ("codes", "scale_inner", "scale_outer"):
+    np.testing.assert_array_equal(np.asarray(getattr(t, leaf)).view(np.uint8),
+                                  np.asarray(getattr(ref, leaf)).view(np.uint8), err_msg=leaf)
+
+
 def test_pallas_backend_raises_where_the_kernels_cannot_run(rng, key):
   """backend='pallas' never falls back silently: off Hopper (or on an
   unsupported shape) it raises BackendUnavailableError, a ValueError."""

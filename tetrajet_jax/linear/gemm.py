@@ -33,6 +33,7 @@ interpreter on the CPU, as if the device could run them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator, Union
 
 import jax
@@ -43,6 +44,8 @@ from tetrajet_jax import kernels
 from tetrajet_jax.linear.recipes import BACKENDS, Backend
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand)
+from tetrajet_jax.numerics.checks import pad_axis_to_multiple
+from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
 KERNELS = ("rtn", "rht_sr", "gemm")  # names for interpret_kernels
 Operand = Union[NVFP4Tensor, MXFP8Tensor, jax.Array]
@@ -135,11 +138,17 @@ def _interpret(name: str) -> dict:
 
 def rtn_quantize(x: jax.Array, backend: Backend) -> NVFP4Tensor | None:
   """The fused Pallas RTN quantizer along x's last axis where the backend
-  runs it, bitwise equal to quantize_nvfp4(x, axis=-1); else None (XLA)."""
-  if not _kernel_runs("rtn", backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(x.shape, x.dtype),
-                      backend, f"RTN quantizer for {x.dtype}{x.shape}"):
+  runs it, bitwise equal to quantize_nvfp4(x, axis=-1); else None (XLA).
+
+  A last axis that is not a multiple of 128 (OutControl's FP4 channels,
+  K - round(0.1 K)) is zero-padded first, as the XLA quantizer pads it
+  internally: zeros change no scale, and the result carries x's shape."""
+  padded_shape = (*x.shape[:-1], -(-x.shape[-1] // OUTER_BLOCK) * OUTER_BLOCK)
+  can = backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(padded_shape, x.dtype)
+  if not _kernel_runs("rtn", can, backend, f"RTN quantizer for {x.dtype}{x.shape}"):
     return None
-  return kernels.quantize_nvfp4_rtn(x, **_interpret("rtn"))
+  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), **_interpret("rtn"))
+  return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
 
 
 def rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *, axis: int,
