@@ -565,6 +565,22 @@ def test_rht_preserves_dot_products_and_inverts(rng, key, mode):
   np.testing.assert_allclose(np.asarray(r0).T, np.asarray(ra), atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_rht_is_the_float32_butterfly_bitwise(rng, key, mode, axis):
+  """The transform's values are those of the butterfly (a + b, a - b at distances 1, 2, 4, 8 of
+  the sign-flipped chunk, then * 1/4) in float32, bit for bit, whatever form the stages take."""
+  x = (rng.standard_t(2.0, (64, 256)) * np.exp(3 * rng.standard_normal((64, 256)))).astype(np.float32)
+  d = np.asarray(nm.hadamard_signs(key))
+  v = np.moveaxis(x, axis, -1).reshape(-1, 16) * d
+  for h in (1, 2, 4, 8):
+    v = v.reshape(-1, 16 // (2 * h), 2, h)
+    v = np.stack([v[:, :, 0] + v[:, :, 1], v[:, :, 0] - v[:, :, 1]], axis=2).reshape(-1, 16)
+  want = np.moveaxis((v * np.float32(0.25)).reshape(np.moveaxis(x, axis, -1).shape), -1, axis)
+  got = np.asarray(run(lambda a: tj.random_hadamard_16(a, key, axis=axis), mode, jnp.asarray(x)))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_rht_keys():
   k1, k2 = jax.random.key(1), jax.random.key(2)
   np.testing.assert_array_equal(np.asarray(nm.hadamard_signs(k1)), np.asarray(nm.hadamard_signs(k1)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from tetrajet_jax.numerics import checks
 
@@ -26,14 +27,19 @@ def _fwht16(x: jax.Array) -> jax.Array:
   """Unnormalized Sylvester-Hadamard transform over the last axis (size 16).
 
   Butterflies with adds only: exact orthogonal structure, no matmul precision
-  setting (an f32 matmul on GPU may run as TF32).
+  setting (an f32 matmul on GPU may run as TF32). Each stage pairs element j
+  with j ^ h and writes (a + b, a - b); the partner is read through a reversed
+  view and the two results are selected by position, not stacked: XLA fuses
+  the four stages into one elementwise pass (a stack is a concatenation along
+  a minor axis, one strided pass per stage).
   """
   lead = x.shape[:-1]
   h = 1
   while h < RHT_BLOCK:
-    x = x.reshape(*lead, RHT_BLOCK // (2 * h), 2, h)
-    a, b = x[..., 0, :], x[..., 1, :]
-    x = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, RHT_BLOCK)
+    y = x.reshape(*lead, RHT_BLOCK // (2 * h), 2, h)
+    partner = jnp.flip(y, axis=-2)  # b in a's slot, a in b's
+    first = lax.broadcasted_iota(jnp.int32, y.shape, y.ndim - 2) == 0
+    x = jnp.where(first, y + partner, partner - y).reshape(*lead, RHT_BLOCK)  # a + b, a - b
     h *= 2
   return x
 
