@@ -84,8 +84,8 @@ def test_gemm_k_splits_fill_the_sms(monkeypatch):
   assert gemm_k_splits(1024, 384, 32768) == 4  # 24 tiles: 96
   assert gemm_k_splits(32768, 384, 384) == 1  # a forward GEMM: 768 tiles fill the SMs alone
   assert gemm_k_splits(128, 128, 512) == 1  # 4 chunks: no part would keep 4
+  a, b = operands(np.random.default_rng(0), 64, 512, 128)
   with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
-    a, b = operands(np.random.default_rng(0), 64, 512, 128)
     nvfp4_gemm(a, b, config=SMALL, k_splits=3, interpret=True)
 
 

@@ -29,9 +29,9 @@ def _fwht16(x: jax.Array) -> jax.Array:
   Butterflies with adds only: exact orthogonal structure, no matmul precision
   setting (an f32 matmul on GPU may run as TF32). Each stage pairs element j
   with j ^ h and writes (a + b, a - b); the partner is read through a reversed
-  view and the two results are selected by position, not stacked: XLA fuses
-  the four stages into one elementwise pass (a stack is a concatenation along
-  a minor axis, one strided pass per stage).
+  view and the two results are selected by position, not stacked, so every
+  stage is elementwise and XLA may fuse them (a stack is a concatenation
+  along a minor axis, which XLA ran as one strided pass per stage).
   """
   lead = x.shape[:-1]
   h = 1
