@@ -154,15 +154,16 @@ def nvfp4_block(x, seed=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return element_codes(x, s, seed), s_in, s_out
 
 
-def nvfp4_tensor(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """NVIDIA per-tensor NVFP4 along the last axis (length multiple of 16)."""
+def nvfp4_tensor(x, seed=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """NVIDIA per-tensor NVFP4 along the last axis (length multiple of 16); RTN, or
+  stochastic rounding with the counter-based generator's seed."""
   x = np.asarray(x, F32)
   *lead, k = x.shape
   s_out = _tensor_scale(np.abs(x).max())
   amax16 = np.abs(x.reshape(*lead, k // 16, 16)).max(-1)
   s_in = _scales(amax16, s_out)
   s = np.repeat((s_in * s_out).astype(F32), 16, -1)
-  return element_codes(x, s), s_in, np.asarray(s_out, F32)
+  return element_codes(x, s, seed), s_in, np.asarray(s_out, F32)
 
 
 def nvfp4_tensor_2d(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -103,17 +103,17 @@ def test_rtn_attribution_variants_interpret(rng):
 
 
 def test_rht_sr_attribution_variants_interpret(rng, key):
-  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr
+  from tetrajet_jax.kernels import quantize_nvfp4_backward
   code_agreement = bench.code_agreement
   from tetrajet_jax.numerics import hadamard_signs
 
   x, signs, seed = _input(rng), hadamard_signs(key), jnp.uint32(5)
-  ref = quantize_nvfp4_rht_sr(x, signs, seed, interpret=True)
-  t = quantize_nvfp4_rht_sr(x, signs, seed, interpret=True, _division="hardware")
+  ref = quantize_nvfp4_backward(x, signs, seed, interpret=True)
+  t = quantize_nvfp4_backward(x, signs, seed, interpret=True, _division="hardware")
   assert code_agreement(t.codes, ref.codes) >= 0.99
   np.testing.assert_array_equal(np.asarray(t.scale_outer), np.asarray(ref.scale_outer))
   for axis in (-1, 0):
-    t, qs = quantize_nvfp4_rht_sr(x if axis == -1 else x.T, signs, seed, axis=axis, emit_operand=True,
+    t, qs = quantize_nvfp4_backward(x if axis == -1 else x.T, signs, seed, axis=axis, emit_operand=True,
                                   interpret=True, _math="none")
     assert _same_layout(t, ref) and t.axis == axis % 2 and (qs.shape, qs.dtype) == (x.shape, jnp.bfloat16)
     assert t.shape == (x.shape if axis == -1 else x.T.shape)
@@ -121,12 +121,12 @@ def test_rht_sr_attribution_variants_interpret(rng, key):
 
 @pytest.mark.parametrize("knobs", [dict(_division="hardware"), dict(_math="none")])
 def test_attribution_variants_lower_for_hopper(knobs):
-  from tetrajet_jax.kernels import quantize_nvfp4_rht_sr, quantize_nvfp4_rtn
+  from tetrajet_jax.kernels import quantize_nvfp4_backward, quantize_nvfp4_rtn
 
   spec = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
   jax.jit(lambda v: quantize_nvfp4_rtn(v, **knobs)).trace(spec).lower(lowering_platforms=("cuda",))
   signs = jnp.ones((16,), jnp.float32)
-  jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, jnp.uint32(1), **knobs)).trace(spec).lower(
+  jax.jit(lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(1), **knobs)).trace(spec).lower(
       lowering_platforms=("cuda",))
 
 
@@ -138,7 +138,7 @@ def interpreted_kernels(monkeypatch):
 
 
   bench.patch(monkeypatch, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
-  bench.patch(monkeypatch, "quantize_nvfp4_rht_sr", functools.partial(bench.quantize_nvfp4_rht_sr, interpret=True))
+  bench.patch(monkeypatch, "quantize_nvfp4_backward", functools.partial(bench.quantize_nvfp4_backward, interpret=True))
   bench.patch(monkeypatch, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
   bench.patch(monkeypatch, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
   bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)

@@ -72,14 +72,14 @@ def test_performance_doc_renders_a_profile(tmp_path):
   result = dict(kind="profile", commit="abc1234", date="2026-12-04", model="20m", arm="tetrajet_v2", backend="auto",
                 scan_blocks=True, oscillation_monitor=True, steps=5, step_ms=60.0, profiled_wall_ms_per_step=61.0,
                 kernel_ms_per_step=50.0, busy_ms_per_step=49.0,
-                parts={"RHT+SR quantizer (Pallas)": 20.0, "GEMM (cuBLAS)": 5.0},
+                parts={"backward quantizer (Pallas)": 20.0, "GEMM (cuBLAS)": 5.0},
                 ops=[dict(op="mpmd_map.1", kind="custom-call", target="mosaic_gpu_v2", shape="u8[8,8]{1,0}",
-                          source="tetrajet_jax/linear/layer.py:1", part="RHT+SR quantizer (Pallas)", ms_per_step=4.0)])
+                          source="tetrajet_jax/linear/layer.py:1", part="backward quantizer (Pallas)", ms_per_step=4.0)])
   (tmp_path / "p.json").write_text(json.dumps(result))
   text = performance_doc.render(["p.json"], root=tmp_path)
   assert "commit abc1234, 2026-12-04" in text
-  assert "| RHT+SR quantizer (Pallas) | 20.00 | 40% |" in text  # share of the summed kernel time
-  assert "| mpmd_map.1 | mosaic_gpu_v2 | `u8[8,8]{1,0}` | 4.000 | RHT+SR quantizer (Pallas) |" in text
+  assert "| backward quantizer (Pallas) | 20.00 | 40% |" in text  # share of the summed kernel time
+  assert "| mpmd_map.1 | mosaic_gpu_v2 | `u8[8,8]{1,0}` | 4.000 | backward quantizer (Pallas) |" in text
 
 
 def test_attribution_reads_the_module_that_ran():

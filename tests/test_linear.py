@@ -533,32 +533,72 @@ def test_pallas_backward_is_the_same_estimator_on_gpu(rng, key, recipe):
                     "sums are ordered differently (test_pallas_backward_is_the_same_estimator_on_gpu covers it)")
 def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, monkeypatch):
   """On the CPU, the layer's backward with the fused RHT + SR kernel in Mosaic
-  GPU's interpreter (interpret_kernels("rht_sr"); backend "auto" keeps the RTN
+  GPU's interpreter (interpret_kernels("backward"); backend "auto" keeps the RTN
   quantizers and GEMMs on XLA here) gives the XLA path's dX and dW bit for
   bit at 128^3: both draw SR's bits from the same counter-based generator.
   The kernel must have been called."""
   from tetrajet_jax import kernels  # noqa: PLC0415
 
   calls = []
-  run_kernel = kernels.quantize_nvfp4_rht_sr
+  run_kernel = kernels.quantize_nvfp4_backward
 
   def counted(*args, **kwargs):
     calls.append(kwargs.get("axis"))
     return run_kernel(*args, **kwargs)
 
-  monkeypatch.setattr(kernels, "quantize_nvfp4_rht_sr", counted)
+  monkeypatch.setattr(kernels, "quantize_nvfp4_backward", counted)
   # Its own recipe name, so no function compiled without the interpreter is reused.
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name="tetrajet_v2_interpreted")
   x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
-  with interpret_kernels("rht_sr"):
+  with interpret_kernels("backward"):
     fused = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="auto")[1:])(key)
   xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla")[1:])(key)
   for what, a, b in zip(("dx", "dw"), fused, xla):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
   # Q3..Q6: two calls per axis each time the backward is traced.
   assert calls and calls.count(-1) == calls.count(0) == len(calls) // 2 and len(calls) % 4 == 0, calls
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="CPU only: on a GPU the GEMMs also run on Pallas (test_pallas_backward_is_the_same_"
+                    "estimator_on_gpu covers the layer there)")
+def test_nvidia_quantizers_on_the_kernels_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch):
+  """NVIDIA's recipe with its per-tensor scales on the quantizer kernels (interpreted; GEMMs on
+  XLA): Q1 on the RTN kernel under the amax XLA reduces; Q3 (SR, no RHT) and Q5/Q6 (SR/RTN
+  after the fixed-sign RHT) on the backward kernel, Q5/Q6 under the amax of the kernel's own
+  transform; the 16x16 weight blocks (Q2, Q4) stay on XLA. y, dX and dW equal the XLA path's
+  bit for bit at 128^3, and every kernel was called as described."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+
+  calls = []
+
+  def counted(name, fn):
+    def run(x, *args, **kwargs):
+      scaled = kwargs.get("tensor_scale") is not None
+      calls.append((name, kwargs.get("axis"), args[0] is not None if args else None, kwargs.get("rounding"), scaled))
+      return fn(x, *args, **kwargs)
+    monkeypatch.setattr(kernels, name, run)
+
+  for name in ("quantize_nvfp4_rtn", "quantize_nvfp4_backward", "transformed_amax"):
+    counted(name, getattr(kernels, name))
+  recipe = dataclasses.replace(recipes.NVIDIA_NVFP4, name="nvidia_nvfp4_interpreted")
+  x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
+  with interpret_kernels("rtn", "backward"):
+    fused = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="auto"))(key)
+  xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla"))(key)
+  for what, a, b in zip(("y", "dx", "dw"), fused, xla):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=what)
+  assert set(calls) == {
+      ("quantize_nvfp4_rtn", None, None, None, True),  # Q1: X along K
+      ("quantize_nvfp4_backward", -1, False, "stochastic", True),  # Q3: dY along N, no RHT
+      ("quantize_nvfp4_backward", 0, True, "stochastic", True),  # Q5: H dY^T along M
+      ("quantize_nvfp4_backward", 0, True, "nearest", True),  # Q6: H X^T along M
+      ("transformed_amax", 0, True, None, False),  # the amax of H dY^T and of H X^T
+  }, calls
 
 
 def test_rtn_kernel_takes_outcontrol_fp4_channels_padded_interpret(rng, key, monkeypatch):

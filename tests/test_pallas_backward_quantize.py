@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tetrajet_jax.kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr
+from tetrajet_jax.kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_backward, transformed_amax
 from tetrajet_jax.kernels.nvfp4_quantize_backward import row_keys, transform_matrix
 from tests import numpy_reference as ref
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
-                                   random_hadamard_16, unpack_e2m1)
+                                   random_hadamard_16, tensor_outer_scale, unpack_e2m1)
 from tetrajet_jax.numerics.counter_rng import sr_seed
 
 GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -111,7 +111,7 @@ def test_backward_quantizer_interpret(rng, key, dtype):
   signs = hadamard_signs(key)
   sr_key = jax.random.fold_in(key, 1)
   seed = sr_seed(sr_key)
-  t, qs, y = quantize_nvfp4_rht_sr(xl, signs, seed, axis=-1, emit_operand=True, emit_transformed=True,
+  t, qs, y = quantize_nvfp4_backward(xl, signs, seed, axis=-1, emit_operand=True, emit_transformed=True,
                                    interpret=True)
   check_tensor(t, y, xl, key, sr_key, qs=qs)
   r = quantize_nvfp4(random_hadamard_16(xl, key, axis=-1), axis=-1, rounding="stochastic", key=key)
@@ -120,7 +120,7 @@ def test_backward_quantizer_interpret(rng, key, dtype):
       r.codes.shape, r.codes.dtype, r.scale_inner.shape, r.scale_inner.dtype, r.scale_outer.shape)
 
   x0 = xl.T  # [256, 64]: axis=0 quantizes its columns, canonical = xl's layout
-  t0, y0 = quantize_nvfp4_rht_sr(x0, signs, seed, axis=0, emit_transformed=True, interpret=True)
+  t0, y0 = quantize_nvfp4_backward(x0, signs, seed, axis=0, emit_transformed=True, interpret=True)
   r0 = quantize_nvfp4(random_hadamard_16(x0, key, axis=0), axis=0, rounding="stochastic", key=key)
   assert (t0.shape, t0.axis, t0.codes.shape, t0.scale_inner.shape, t0.scale_outer.shape) == (
       r0.shape, r0.axis, r0.codes.shape, r0.scale_inner.shape, r0.scale_outer.shape)
@@ -129,16 +129,81 @@ def test_backward_quantizer_interpret(rng, key, dtype):
   np.testing.assert_array_equal(np.asarray(t0.scale_inner, np.float32), np.asarray(t.scale_inner, np.float32))
   np.testing.assert_array_equal(np.asarray(t0.scale_outer), np.asarray(t.scale_outer))
   # One CTA per row block (the default cut the K loop in two here): the same bits.
-  t1 = quantize_nvfp4_rht_sr(xl, signs, seed, axis=-1, k_splits=1, interpret=True)
+  t1 = quantize_nvfp4_backward(xl, signs, seed, axis=-1, k_splits=1, interpret=True)
   np.testing.assert_array_equal(np.asarray(t1.codes), np.asarray(t.codes))
   np.testing.assert_array_equal(np.asarray(t1.scale_outer), np.asarray(t.scale_outer))
+
+
+def check_tensor_scaled(x, signs, sr_key, *, axis, rounding, interpret, k_splits=None):
+  """NVIDIA's modes of the kernel on x: `transformed_amax` is max |y| of the kernel's own transform
+  (bitwise; y = x exactly without signs), and the tensor-scaled codes and scales under
+  tensor_outer_scale of it are bitwise the XLA quantizer's and the NumPy reference's on y."""
+  seed = sr_seed(sr_key) if rounding == "stochastic" else None
+  amax = transformed_amax(x, signs, axis=axis, k_splits=k_splits, interpret=interpret)
+  scale = tensor_outer_scale(amax)
+  t, y = quantize_nvfp4_backward(x, signs, seed, axis=axis, rounding=rounding, tensor_scale=scale,
+                                 emit_transformed=True, k_splits=k_splits, interpret=interpret)
+  y = np.asarray(y)
+  np.testing.assert_array_equal(np.asarray(amax), np.max(np.abs(y)))
+  if signs is None:
+    xc = np.asarray(jnp.asarray(x, jnp.float32))
+    xc = xc if axis == -1 else np.pad(xc, ((0, -xc.shape[0] % 128), (0, 0))).T
+    np.testing.assert_array_equal(y, xc)
+  assert (t.scaling, t.scale_outer.shape) == ("tensor", ())
+  r = quantize_nvfp4(jnp.asarray(y), axis=-1, rounding=rounding, scaling="tensor",
+                     key=sr_key if rounding == "stochastic" else None)
+  for leaf in ("codes", "scale_inner", "scale_outer"):
+    np.testing.assert_array_equal(np.atleast_1d(np.asarray(getattr(t, leaf))).view(np.uint8),
+                                  np.atleast_1d(np.asarray(getattr(r, leaf))).view(np.uint8), err_msg=leaf)
+  codes, s_in, s_out = ref.nvfp4_tensor(y, None if seed is None else int(seed))
+  np.testing.assert_array_equal(_codes(t), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tensor_scaled_modes_interpret(rng, key, dtype):
+  """SR without RHT (NVIDIA's dY along N), SR and RTN after the RHT (dY^T, X^T along tokens),
+  both axes; the hard input sends many 16-blocks under the per-tensor scale to the smallest
+  E4M3 scales."""
+  xl = hard_input(rng, (64, 256), dtype)
+  sr_key = jax.random.fold_in(key, 4)
+  for signs, rounding in ((None, "stochastic"), (hadamard_signs(key), "stochastic"), (hadamard_signs(key), "nearest")):
+    for x, axis in ((xl, -1), (xl.T, 0)):
+      check_tensor_scaled(x, signs, sr_key, axis=axis, rounding=rounding, interpret=True)
+
+
+def test_tensor_scaled_nonfinite_input_gives_nan_scale_interpret(rng, key):
+  x = hard_input(rng, (64, 256), jnp.float32, nonfinite=True)
+  for signs in (None, hadamard_signs(key)):
+    amax = transformed_amax(x, signs, interpret=True)
+    assert not np.isfinite(np.asarray(amax))
+    t = quantize_nvfp4_backward(x, signs, None, rounding="nearest", tensor_scale=tensor_outer_scale(amax),
+                                interpret=True)
+    assert np.isnan(np.asarray(t.scale_outer))
+    r = quantize_nvfp4(random_hadamard_16(x, key) if signs is not None else x, axis=-1, scaling="tensor")
+    assert np.isnan(np.asarray(r.scale_outer))
+
+
+def test_rounding_and_seed_must_agree():
+  s, x = jnp.ones((16,)), jnp.zeros((64, 128))
+  with pytest.raises(ValueError, match="needs a seed"):
+    quantize_nvfp4_backward(x, s, None)
+  with pytest.raises(ValueError, match="takes no seed"):
+    quantize_nvfp4_backward(x, s, jnp.uint32(0), rounding="nearest")
+  with pytest.raises(ValueError, match="rounding must be"):
+    quantize_nvfp4_backward(x, s, None, rounding="up")
+  with pytest.raises(ValueError, match="tensor_scale must be a float32 scalar"):
+    quantize_nvfp4_backward(x, s, None, rounding="nearest", tensor_scale=jnp.ones((2,), jnp.float32))
+  with pytest.raises(ValueError, match="transformed_amax: .*cols % 128"):
+    transformed_amax(jnp.zeros((64, 100)), s)
 
 
 def test_axis0_pads_tokens_interpret(rng, key):
   """Tokens not a multiple of 128 are zero-padded, as the linear layer pads them."""
   x = hard_input(rng, (200, 64), jnp.bfloat16)
   sr_key = jax.random.fold_in(key, 3)
-  t, y = quantize_nvfp4_rht_sr(x, hadamard_signs(key), sr_seed(sr_key), axis=0, emit_transformed=True,
+  t, y = quantize_nvfp4_backward(x, hadamard_signs(key), sr_seed(sr_key), axis=0, emit_transformed=True,
                                interpret=True)
   xp = jnp.pad(x, ((0, 56), (0, 0)))
   check_tensor(t, y, xp.T, key, sr_key)
@@ -158,7 +223,7 @@ def test_sr_unbiased_and_seeded_interpret(rng, key):
   row = rng.standard_normal(128).astype(np.float32) * 3.0
   x = jnp.asarray(np.tile(row, (n, 1)))
   signs = hadamard_signs(key)
-  f = jax.jit(lambda x, s: quantize_nvfp4_rht_sr(x, signs, s, axis=-1, emit_transformed=True, interpret=True))
+  f = jax.jit(lambda x, s: quantize_nvfp4_backward(x, signs, s, axis=-1, emit_transformed=True, interpret=True))
   t, y = f(x, jnp.uint32(1))
   q = _assert_sr_unbiased(t, y, n)
   assert len(np.unique(q, axis=0)) > 100, "rows did not draw independent bits"
@@ -198,12 +263,12 @@ def test_register_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype)
   signs, seed = hadamard_signs(key), sr_seed(jax.random.fold_in(key, 2))
   for x, axis in ((xl, -1), (xl.T, 0)):
     for emit in (False, True):
-      smem, regs = (quantize_nvfp4_rht_sr(x, signs, seed, axis=axis, emit_operand=emit, interpret=True,
+      smem, regs = (quantize_nvfp4_backward(x, signs, seed, axis=axis, emit_operand=emit, interpret=True,
                                           _tile_source=src) for src in ("smem", "registers"))
       for a, b in zip(jax.tree.leaves(smem), jax.tree.leaves(regs)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-  _, y = quantize_nvfp4_rht_sr(xl, signs, seed, emit_transformed=True, interpret=True, _tile_source="registers")
-  _, y_smem = quantize_nvfp4_rht_sr(xl, signs, seed, emit_transformed=True, interpret=True)
+  _, y = quantize_nvfp4_backward(xl, signs, seed, emit_transformed=True, interpret=True, _tile_source="registers")
+  _, y_smem = quantize_nvfp4_backward(xl, signs, seed, emit_transformed=True, interpret=True)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_smem))  # y is still emitted through SMEM
 
 
@@ -212,33 +277,41 @@ def test_lowers_for_hopper(dtype, axis):
   """Mosaic GPU lowering for CUDA (layout inference, SMEM budget) succeeds on the CPU."""
   shape = (256, 512) if axis == -1 else (512, 128)
   for k_splits, source in ((None, "smem"), (2, "smem"), (None, "registers")):
-    f = jax.jit(lambda v, k_splits=k_splits, source=source: quantize_nvfp4_rht_sr(
+    f = jax.jit(lambda v, k_splits=k_splits, source=source: quantize_nvfp4_backward(
         v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True, k_splits=k_splits, _tile_source=source))
     f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
+  # NVIDIA's modes: the transformed amax, and tensor-scaled SR without RHT and RTN after it.
+  spec = jax.ShapeDtypeStruct(shape, dtype)
+  scale = jnp.float32(0.5)
+  for f in (lambda v: transformed_amax(v, jnp.ones((16,)), axis=axis),
+            lambda v: quantize_nvfp4_backward(v, None, jnp.uint32(0), axis=axis, tensor_scale=scale).codes,
+            lambda v: quantize_nvfp4_backward(v, jnp.ones((16,)), None, axis=axis, rounding="nearest",
+                                              tensor_scale=scale).codes):
+    jax.jit(f).trace(spec).lower(lowering_platforms=("cuda",))
 
 
 def test_rejects_bad_arguments():
   s, z = jnp.ones((16,)), jnp.uint32(0)
   with pytest.raises(ValueError, match="cols % 128"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 100)), s, z, axis=-1)
+    quantize_nvfp4_backward(jnp.zeros((64, 100)), s, z, axis=-1)
   with pytest.raises(ValueError, match="rows % 64"):
-    quantize_nvfp4_rht_sr(jnp.zeros((32, 128)), s, z, axis=-1)
+    quantize_nvfp4_backward(jnp.zeros((32, 128)), s, z, axis=-1)
   with pytest.raises(ValueError, match="cols % 64"):
-    quantize_nvfp4_rht_sr(jnp.zeros((128, 32)), s, z, axis=0)
+    quantize_nvfp4_backward(jnp.zeros((128, 32)), s, z, axis=0)
   with pytest.raises(ValueError, match="2-D"):
-    quantize_nvfp4_rht_sr(jnp.zeros((2, 64, 128)), s, z)
+    quantize_nvfp4_backward(jnp.zeros((2, 64, 128)), s, z)
   with pytest.raises(ValueError, match="dtype"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 128), jnp.float16), s, z)
+    quantize_nvfp4_backward(jnp.zeros((64, 128), jnp.float16), s, z)
   with pytest.raises(ValueError, match="signs_16"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), jnp.ones((8,)), z)
+    quantize_nvfp4_backward(jnp.zeros((64, 128)), jnp.ones((8,)), z)
   with pytest.raises(ValueError, match="axis"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, axis=2)
+    quantize_nvfp4_backward(jnp.zeros((64, 128)), s, z, axis=2)
   with pytest.raises(ValueError, match="block"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, block=32)
+    quantize_nvfp4_backward(jnp.zeros((64, 128)), s, z, block=32)
   with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 512)), s, z, k_splits=3)
+    quantize_nvfp4_backward(jnp.zeros((64, 512)), s, z, k_splits=3)
   with pytest.raises(ValueError, match="_tile_source='sram'"):
-    quantize_nvfp4_rht_sr(jnp.zeros((64, 128)), s, z, _tile_source="sram")
+    quantize_nvfp4_backward(jnp.zeros((64, 128)), s, z, _tile_source="sram")
 
 
 def test_can_use_backward_quantizer():
@@ -257,15 +330,15 @@ def test_backward_quantizer_gpu(rng, key, dtype, shape):
   signs = hadamard_signs(key)
   sr_key = jax.random.fold_in(key, 99)
   seed = sr_seed(sr_key)
-  f = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=-1, emit_operand=True, emit_transformed=True))
+  f = jax.jit(lambda v: quantize_nvfp4_backward(v, signs, seed, axis=-1, emit_operand=True, emit_transformed=True))
   t, qs, y = f(xl)
   check_tensor(t, y, xl, key, sr_key, qs=qs)
-  f0 = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, signs, seed, axis=0, emit_transformed=True))
+  f0 = jax.jit(lambda v: quantize_nvfp4_backward(v, signs, seed, axis=0, emit_transformed=True))
   t0, y0 = f0(xl.T)
   np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))
   np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
   for axis, x in ((-1, xl), (0, xl.T)):  # the register tile source: the same bits as the SMEM one
-    tr = jax.jit(lambda v, axis=axis: quantize_nvfp4_rht_sr(v, signs, seed, axis=axis, _tile_source="registers"))(x)
+    tr = jax.jit(lambda v, axis=axis: quantize_nvfp4_backward(v, signs, seed, axis=axis, _tile_source="registers"))(x)
     for a, b in zip(jax.tree.leaves(tr), jax.tree.leaves(t)):
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert can_use_pallas_backward_quantizer(shape, dtype, axis=-1)
@@ -273,9 +346,19 @@ def test_backward_quantizer_gpu(rng, key, dtype, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape", [(jnp.bfloat16, (16384, 1024)), (jnp.float32, (4096, 4096))])
+def test_tensor_scaled_modes_gpu(rng, key, dtype, shape):
+  xl = hard_input(rng, shape, dtype)
+  sr_key = jax.random.fold_in(key, 5)
+  for signs, rounding in ((None, "stochastic"), (hadamard_signs(key), "stochastic"), (hadamard_signs(key), "nearest")):
+    for x, axis in ((xl, -1), (xl.T, 0)):
+      check_tensor_scaled(x, signs, sr_key, axis=axis, rounding=rounding, interpret=False)
+
+
+@pytest.mark.gpu
 def test_sr_unbiased_gpu(rng, key):
   n = 65536
   row = rng.standard_normal(128).astype(np.float32) * 3.0
   x = jnp.asarray(np.tile(row, (n, 1)))
-  t, y = jax.jit(lambda v: quantize_nvfp4_rht_sr(v, hadamard_signs(key), jnp.uint32(5), emit_transformed=True))(x)
+  t, y = jax.jit(lambda v: quantize_nvfp4_backward(v, hadamard_signs(key), jnp.uint32(5), emit_transformed=True))(x)
   _assert_sr_unbiased(t, y, n)

@@ -15,11 +15,11 @@ import pytest
 
 from tests import numpy_reference as ref
 from tetrajet_jax.kernels import can_use_pallas_quantizer, quantize_nvfp4_rtn, quantize_nvfp4_rtn_reference
-from tetrajet_jax.numerics import nvfp4_bf16_operand, unpack_e2m1
+from tetrajet_jax.numerics import nvfp4_bf16_operand, quantize_nvfp4, tensor_outer_scale, unpack_e2m1
 
 
 def _bits(a):
-  return np.asarray(a).view(np.uint8)
+  return np.atleast_1d(np.asarray(a)).view(np.uint8)
 
 
 def assert_same_tensor(t, want):
@@ -76,6 +76,28 @@ def test_rtn_nonfinite_blocks_marked_nan_interpret(rng):
   assert_reference(t, x)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rtn_tensor_scaled_bitwise_interpret(rng, dtype):
+  """NVIDIA's scaling: the caller's per-tensor scale, 1x16 E4M3 scales under it (the wide
+  dynamic range of hard_input sends many 16-blocks to the smallest E4M3 scales)."""
+  x = hard_input(rng, (64, 256), dtype)
+  scale = tensor_outer_scale(jnp.max(jnp.abs(x.astype(jnp.float32))))
+  t, qs = quantize_nvfp4_rtn(x, scale, emit_operand=True, k_splits=2, interpret=True)
+  want = quantize_nvfp4(x, axis=-1, scaling="tensor")
+  assert_same_tensor(t, want)
+  np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(want)[0]))
+  codes, s_in, s_out = ref.nvfp4_tensor(np.asarray(jnp.asarray(x, jnp.float32)))
+  np.testing.assert_array_equal(np.asarray(unpack_e2m1(t.codes)), codes)
+  np.testing.assert_array_equal(np.asarray(t.scale_inner, np.float32), s_in)
+  np.testing.assert_array_equal(np.asarray(t.scale_outer), s_out)
+
+
+def test_rtn_tensor_scale_must_be_a_float32_scalar():
+  x = jnp.zeros((64, 128), jnp.float32)
+  with pytest.raises(ValueError, match="tensor_scale must be a float32 scalar"):
+    quantize_nvfp4_rtn(x, jnp.ones((1,), jnp.float32), interpret=True)
+
+
 def test_rtn_rejects_bad_shapes():
   with pytest.raises(ValueError, match="K % 128"):
     quantize_nvfp4_rtn(jnp.zeros((64, 100), jnp.float32), interpret=True)
@@ -106,6 +128,15 @@ def test_rtn_bitwise_gpu(rng, dtype, shape):
   assert can_use_pallas_quantizer(shape, dtype)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rtn_tensor_scaled_bitwise_gpu(rng, dtype):
+  x = hard_input(rng, (16384, 1024), dtype)
+  scale = tensor_outer_scale(jnp.max(jnp.abs(x.astype(jnp.float32))))
+  t = jax.jit(quantize_nvfp4_rtn)(x, scale)
+  assert_same_tensor(t, jax.jit(lambda v: quantize_nvfp4(v, axis=-1, scaling="tensor"))(x))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_rtn_lowers_for_hopper(dtype, monkeypatch):
   """Mosaic GPU lowering for CUDA (layouts, supported ops: e.g. no boolean
@@ -120,3 +151,5 @@ def test_rtn_lowers_for_hopper(dtype, monkeypatch):
   spec = jax.ShapeDtypeStruct((256, 512), dtype)
   f.trace(spec, spec).lower(lowering_platforms=("cuda",))
   assert len(modules) == 2
+  # The tensor-scaled instance (NVIDIA's Q1) lowers too.
+  jax.jit(lambda v: quantize_nvfp4_rtn(v, jnp.float32(0.5)).codes).trace(spec).lower(lowering_platforms=("cuda",))

@@ -36,7 +36,7 @@ def _rtn(dtype):
 
 def _rht_sr(axis):
   signs = jnp.ones((16,), jnp.float32)
-  return lambda x: kernels.quantize_nvfp4_rht_sr(x.astype(jnp.bfloat16), signs, jnp.uint32(7), axis=axis).codes
+  return lambda x: kernels.quantize_nvfp4_backward(x.astype(jnp.bfloat16), signs, jnp.uint32(7), axis=axis).codes
 
 
 def _gemm(x):

@@ -11,7 +11,7 @@ import numpy as np
 from experiments.bench.copy_kernel import copy_fns
 from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
 from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
-from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_rht_sr
+from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, unpack_e2m1)
 
@@ -168,7 +168,7 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
                           xla[0], xla[1], dt, nb, bw(times), dt, copy_gbps=bw(times) / 1e9)))
       xs = x[:1024] if axis == -1 else x[:, :512]
       checked = (f"pallas rht+sr {dname} axis={axis} check", shape)
-      jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_rht_sr(
+      jobs.append(Job(checked, lambda v, axis=axis: quantize_nvfp4_backward(
           v, signs, jnp.uint32(3), axis=axis, emit_transformed=True), (xs,), timed=False, inner=1,
           check=lambda out, outs, xs=xs, axis=axis: check_backward_output(xs, *out, key, axis)))
 
@@ -177,7 +177,7 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
 
       for emit in (False, True):
         pk = (f"pallas rht+sr {dname} axis={axis}{' +operand' if emit else ''}", shape)
-        jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_rht_sr(
+        jobs.append(Job(pk, lambda v, sg, sd, axis=axis, emit=emit: quantize_nvfp4_backward(
             v, sg, sd, axis=axis, emit_operand=emit), (x, signs, jnp.uint32(4)), check=needs_check,
             row=lambda dt, out, times, pk=pk, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
                 pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
@@ -186,7 +186,7 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
       # The quantizer reading the wgmma accumulator in registers, unrolled: what the SMEM round
       # trip of the transformed tile costs (bitwise the same codes and scales).
       rk = (exact[0] + " tiles from registers (unrolled, larger module)", shape)
-      jobs.append(Job(rk, lambda v, sg, sd, axis=axis: quantize_nvfp4_rht_sr(v, sg, sd, axis=axis,
+      jobs.append(Job(rk, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
                                                                             _tile_source="registers"),
                       (x, signs, jnp.uint32(4)),
                       check=lambda out, outs, exact=exact: None if exact in outs and _tensors_equal(
@@ -196,7 +196,7 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
       if dtype == jnp.bfloat16 and axis == -1:
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)
-          jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_rht_sr(v, sg, sd, **knobs),
+          jobs.append(Job(ak, lambda v, sg, sd, knobs=knobs: quantize_nvfp4_backward(v, sg, sd, **knobs),
                           (x, signs, jnp.uint32(4)),
                           check=_inexact_check(exact) if "_division" in knobs else needs_check,
                           row=lambda dt, out, times, ak=ak, nb=nb, bw=bw, xla=xla: _quant_row(

@@ -47,7 +47,7 @@ from tetrajet_jax.train.arms import ARMS
 RESULT_TAG = "BENCH_PROFILE_RESULT "
 # Innermost source frame -> part of the step, first match wins (paths relative to site-packages or the repo).
 PARTS = (("tetrajet_jax/kernels/nvfp4_gemm.py", "FP4 GEMM (Pallas)"),
-         ("tetrajet_jax/kernels/nvfp4_quantize_backward.py", "RHT+SR quantizer (Pallas)"),
+         ("tetrajet_jax/kernels/nvfp4_quantize_backward.py", "backward quantizer (Pallas)"),
          ("tetrajet_jax/kernels/nvfp4_quantize.py", "RTN quantizer (Pallas)"),
          ("tetrajet_jax/optim/", "OsciReset / oscillation monitor"),
          ("tetrajet_jax/numerics/", "XLA numerics (quantize, decode)"),
@@ -59,7 +59,7 @@ PARTS = (("tetrajet_jax/kernels/nvfp4_gemm.py", "FP4 GEMM (Pallas)"),
          ("flax/", "flax"))
 PARTS_BY_PREFIX = dict(PARTS)
 # jit names in a Pallas call's op name -> part.
-PALLAS_KERNELS = (("nvfp4_gemm", "FP4 GEMM (Pallas)"), ("rht_sr", "RHT+SR quantizer (Pallas)"),
+PALLAS_KERNELS = (("nvfp4_gemm", "FP4 GEMM (Pallas)"), ("_backward_instance", "backward quantizer (Pallas)"),
                   ("quantize_nvfp4_rtn", "RTN quantizer (Pallas)"))
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
 

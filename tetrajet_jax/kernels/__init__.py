@@ -10,7 +10,7 @@ from tetrajet_jax.kernels._platform import hopper_available
 from tetrajet_jax.kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                                        nvfp4_gemm,
                                        nvfp4_gemm_reference)
-from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_rht_sr,
-                                                    quantize_nvfp4_rht_sr_reference)
+from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backward_quantizer, quantize_nvfp4_backward,
+                                                    quantize_nvfp4_backward_reference, transformed_amax)
 from tetrajet_jax.kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)

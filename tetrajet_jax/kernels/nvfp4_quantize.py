@@ -92,8 +92,24 @@ def _abs_max(parts) -> jax.Array:
   return jnp.max(_abs_max_elementwise(parts), axis=1)
 
 
+def tile_abs_max(load_sub, unrolled: bool = False) -> jax.Array:
+  """Row amax [bm] of one [bm, 128] tile (`quantize_tile`'s load_sub and unrolled): each lane
+  keeps a running max of its own elements over the eight inner blocks, and the row reduction
+  across lanes runs once at the end."""
+  if unrolled:
+    lane_max = _abs_max_elementwise(load_sub(0))
+    for c in range(1, OUTER // INNER):
+      lane_max = jnp.maximum(lane_max, _abs_max_elementwise(load_sub(c)))
+  else:
+    @pl.loop(1, OUTER // INNER, init_carry=_abs_max_elementwise(load_sub(0)))
+    def lane_max(c, running):
+      return jnp.maximum(running, _abs_max_elementwise(load_sub(c)))
+  return jnp.max(lane_max, axis=1)
+
+
 def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, interpret: bool,
-                  with_operand: bool, division: Division = "exact", unrolled: bool = False) -> None:
+                  with_operand: bool, division: Division = "exact", unrolled: bool = False,
+                  tensor_s_out: jax.Array | None = None) -> None:
   """Quantizes one [bm, 128] tile (one outer block per row) and writes it; shared by the RTN and
   the backward kernel.
 
@@ -120,19 +136,10 @@ def quantize_tile(load_sub, round_parts, store_sub, s_in_ref, s_out_ref, *, inte
       only, not bitwise).
     unrolled: eight unrolled copies with c a Python int, for `load_sub`s that
       slice a register array (which a loop counter cannot index).
+    tensor_s_out: float32 [bm], the per-tensor scale broadcast over the rows
+      (tensor scaling: no 1x128 amax pass; it is also what s_out_ref receives).
   """
-  # The outer amax: each lane keeps a running max of its own elements over the eight inner
-  # blocks, and the row reduction across lanes runs once at the end.
-  if unrolled:
-    lane_max = _abs_max_elementwise(load_sub(0))
-    for c in range(1, OUTER // INNER):
-      lane_max = jnp.maximum(lane_max, _abs_max_elementwise(load_sub(c)))
-  else:
-    @pl.loop(1, OUTER // INNER, init_carry=_abs_max_elementwise(load_sub(0)))
-    def lane_max(c, running):
-      return jnp.maximum(running, _abs_max_elementwise(load_sub(c)))
-
-  s_out = outer_scale(jnp.max(lane_max, axis=1), interpret)
+  s_out = tensor_s_out if tensor_s_out is not None else outer_scale(tile_abs_max(load_sub, unrolled), interpret)
   s_out_ref[0, :] = s_out
 
   def inner_block(c):
@@ -188,14 +195,14 @@ def store_trivial_tile(raws, bm: int, codes_ref, s_in_ref, s_out_ref, qs_ref=Non
           (r >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
-def _rtn_rounding(c, scaled):
+def rtn_rounding(c, scaled):
   """round_parts of `quantize_tile` for RTN: E2M1 round to nearest even of each part."""
   del c
   return [nearest_index(y) for y in scaled]
 
 
 def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: Packing, division: Division,
-                     math: Math, interpret: bool):
+                     math: Math, interpret: bool, tensor_s_out: jax.Array | None):
   """x_ref: [bm, 128] (f32/bf16; "xla") or uint32 [bm, 64] (bf16 pairs; "pairs")."""
   bm = x_ref.shape[0]
   if packing == "pairs":
@@ -215,8 +222,9 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       w = load_words(c)
       return (lax.bitcast_convert_type(w << 16, jnp.float32),
               lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.float32))
-    quantize_tile(load_pair, _rtn_rounding, packed_store(codes_ref, qs_refs[0] if qs_refs else None),
-                  s_in_ref, s_out_ref, interpret=interpret, with_operand=bool(qs_refs), division=division)
+    quantize_tile(load_pair, rtn_rounding, packed_store(codes_ref, qs_refs[0] if qs_refs else None),
+                  s_in_ref, s_out_ref, interpret=interpret, with_operand=bool(qs_refs), division=division,
+                  tensor_s_out=tensor_s_out)
   else:
     def load_sub(c):
       return (plgpu.load(x_ref.at[:, pl.ds(c * INNER, INNER)], layout=plgpu.Layout.WGMMA,
@@ -231,19 +239,25 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
       codes_ref[sub] = codes[0].astype(jnp.uint8)
       if qs is not None:
         qs_refs[0][sub] = qs[0].astype(jnp.bfloat16)
-    quantize_tile(load_sub, _rtn_rounding, store_sub, s_in_ref, s_out_ref, interpret=interpret,
-                  with_operand=bool(qs_refs), division=division)
+    quantize_tile(load_sub, rtn_rounding, store_sub, s_in_ref, s_out_ref, interpret=interpret,
+                  with_operand=bool(qs_refs), division=division, tensor_s_out=tensor_s_out)
 
 
 @_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
                                      "interpret", "_division", "_math")
-def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_steps: int = 2,
-                       packing: Packing | None = None, emit_operand: bool = False, k_splits: int | None = None,
-                       interpret: bool = False, _division: Division = "exact", _math: Math = "full"):
+def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, block_rows: int = 64,
+                       max_concurrent_steps: int = 2, packing: Packing | None = None, emit_operand: bool = False,
+                       k_splits: int | None = None, interpret: bool = False, _division: Division = "exact",
+                       _math: Math = "full"):
   """Pallas RTN NVFP4 quantization of a 2-D array along its last axis.
 
   Args:
     x: bf16 or f32 [R, K] with R % block_rows == 0 and K % 128 == 0.
+    tensor_scale: None for double-block scaling (1x16 E4M3 in 1x128 FP32);
+      a float32 scalar for tensor scaling (NVIDIA's recipe): the tensor's
+      FP32 scale, `numerics.tensor_outer_scale` of the tensor's amax, which
+      the caller computes (one reduction over x) because no CTA sees the
+      whole tensor. The 1x16 scales are then taken under it.
     block_rows: rows per tile (multiple of 64).
     max_concurrent_steps: TMA pipeline depth along K.
     packing: "pairs" (bf16 only: the kernel reads element pairs as uint32
@@ -260,10 +274,12 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
       bits and constant scales (the kernel's memory ceiling).
 
   Returns:
-    NVFP4Tensor bitwise equal to quantize_nvfp4(x, axis=-1); with
+    NVFP4Tensor bitwise equal to quantize_nvfp4(x, axis=-1) (with
+    tensor_scale: quantize_nvfp4(x, axis=-1, scaling="tensor")); with
     emit_operand, (tensor, qs_bf16).
   """
   _check_input(x, block_rows, "quantize_nvfp4_rtn")
+  check_tensor_scale(tensor_scale, "quantize_nvfp4_rtn")
   if _division not in ("exact", "hardware") or _math not in ("full", "none"):
     raise ValueError(f"quantize_nvfp4_rtn: unknown _division={_division!r} / _math={_math!r}.")
   if packing is None:
@@ -288,13 +304,17 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
     out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32) if pairs
                      else jax.ShapeDtypeStruct((r, k), jnp.bfloat16))
     out_blocks.append((block_rows, cw))
-  body = functools.partial(_quantize_kernel, packing=packing, division=_division, math=_math, interpret=interpret)
+  tensor = tensor_scale is not None
   splits = _platform.k_splits(r // block_rows, kb, interpret, k_splits)
   kb_part = kb // splits  # K blocks per CTA
 
   def kernel(x_gmem, *refs):
     n_out = len(out_blocks)
-    outs_gmem, outs_smem = refs[:n_out], refs[n_out:]
+    if tensor:
+      scale_gmem, *refs = refs
+    outs_gmem, outs_smem = refs[:n_out], refs[n_out:2 * n_out]
+    body = functools.partial(_quantize_kernel, packing=packing, division=_division, math=_math, interpret=interpret,
+                             tensor_s_out=load_row_vector(scale_gmem, *refs[2 * n_out:]) if tensor else None)
     rows = pl.ds(lax.axis_index("rows") * block_rows, block_rows)
     j0 = lax.axis_index("k") * kb_part  # this CTA's first K block
 
@@ -319,21 +339,46 @@ def quantize_nvfp4_rtn(x: jax.Array, *, block_rows: int = 64, max_concurrent_ste
     plgpu.wait_smem_to_gmem(0)
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
+  args = (x,)
+  if tensor:
+    scratch += row_vector_scratch(block_rows)
+    args += (jnp.broadcast_to(tensor_scale.astype(jnp.float32), (1, block_rows)),)
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows, splits), grid_names=("rows", "k"),
                       scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
   with _platform.interpret_context(interpret):
-    outs = call(x)
+    outs = call(*args)
   codes, s_in_t, s_out_t = outs[:3]
   if not pairs:
     codes = pack_e2m1(codes)
-  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
-                  shape=(r, k), axis=1, scaling="block", block_2d=False)
+  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn),
+                  scale_outer=tensor_scale.astype(jnp.float32) if tensor else s_out_t.T,
+                  shape=(r, k), axis=1, scaling="tensor" if tensor else "block", block_2d=False)
   if not emit_operand:
     return t
   qs = outs[3]
   if pairs:
     qs = lax.bitcast_convert_type(qs, jnp.bfloat16).reshape(r, k)
   return t, qs
+
+
+def row_vector_scratch(bm: int) -> list:
+  """SMEM scratch of `load_row_vector`: the [1, bm] buffer and its barrier."""
+  return [plgpu.SMEM((1, bm), jnp.float32), plgpu.Barrier()]
+
+
+def load_row_vector(vec_gmem, vec_smem, barrier) -> jax.Array:
+  """float32 [bm] in the row layout of a wgmma tile (one value per row) from a [1, bm] GMEM
+  array: how the tensor-scaled kernels receive the per-tensor scale (broadcast by XLA), as the
+  backward kernel receives its row keys."""
+  plgpu.copy_gmem_to_smem(vec_gmem, vec_smem, barrier)
+  plgpu.barrier_wait(barrier)
+  return plgpu.load(vec_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))
+
+
+def check_tensor_scale(tensor_scale, name: str) -> None:
+  if tensor_scale is not None and (jnp.ndim(tensor_scale) != 0 or jnp.dtype(tensor_scale.dtype) != jnp.float32):
+    raise ValueError(f"{name}: tensor_scale must be a float32 scalar (numerics.tensor_outer_scale of the tensor's "
+                     f"amax), got {jnp.dtype(tensor_scale.dtype)}{jnp.shape(tensor_scale)}.")
 
 
 def _check_input(x, block_rows: int, name: str):

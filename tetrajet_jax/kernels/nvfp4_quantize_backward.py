@@ -55,26 +55,32 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, packed_store, quantize_tile,
-                                           store_trivial_tile)
+from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, load_row_vector, packed_store,
+                                                 quantize_tile, row_vector_scratch, rtn_rounding, store_trivial_tile,
+                                                 tile_abs_max, check_tensor_scale)
 from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
 from tetrajet_jax.numerics.e2m1 import stochastic_index
 
-# Where the quantizer reads the transformed tile (`quantize_nvfp4_rht_sr`'s _tile_source).
+# Where the quantizer reads the transformed tile (`quantize_nvfp4_backward`'s _tile_source).
 TileSource = Literal["smem", "registers"]
+Rounding = Literal["stochastic", "nearest"]
 
 
-def transform_matrix(signs_16: jax.Array) -> jax.Array:
-  """bf16 [128, 128] B^T: row j = transform row perm[j] of blockdiag((1/4) H16 D) (exact in bf16).
+def transform_matrix(signs_16: jax.Array | None) -> jax.Array:
+  """bf16 [128, 128] B^T: row j = transform row perm[j] of blockdiag((1/4) H16 D) (exact in bf16),
+  or of the identity when signs_16 is None (no RHT: the products x * 1 are exact, so y = x).
 
   perm lists the even outputs 0, 2, ..., 126, then the odd ones 1, 3, ..., 127.
   """
-  h = np.array([[1.0]])
-  while h.shape[0] < INNER:
-    h = np.block([[h, h], [h, -h]])
-  t = 0.25 * jnp.asarray(h, jnp.float32) * jnp.asarray(signs_16, jnp.float32)[None, :]  # (1/4) H D
+  if signs_16 is None:
+    t = jnp.eye(INNER, dtype=jnp.float32)
+  else:
+    h = np.array([[1.0]])
+    while h.shape[0] < INNER:
+      h = np.block([[h, h], [h, -h]])
+    t = 0.25 * jnp.asarray(h, jnp.float32) * jnp.asarray(signs_16, jnp.float32)[None, :]  # (1/4) H D
   blk = jnp.kron(jnp.eye(OUTER // INNER, dtype=jnp.float32), t)  # [128 out, 128 in]
   perm = np.concatenate([np.arange(0, OUTER, 2), np.arange(1, OUTER, 2)])
   return blk[perm].astype(jnp.bfloat16)
@@ -111,11 +117,11 @@ def _sr_rounding(key_rows, col0):
   return round_parts
 
 
-def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source):
-  """Validates `quantize_nvfp4_rht_sr`'s arguments (ValueError says what to change) and returns
+def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source,
+                   rounding="stochastic", tensor_scale=None, name="quantize_nvfp4_backward"):
+  """Validates `quantize_nvfp4_backward`'s arguments (ValueError says what to change) and returns
   (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
   tokens to a multiple of 128."""
-  name = "quantize_nvfp4_rht_sr"
   x = jnp.asarray(x)
   if x.ndim != 2:
     raise ValueError(f"{name}: expected a 2-D array, got shape {x.shape}; reshape leading axes into rows.")
@@ -126,11 +132,17 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
     raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
   if block % 64 or block <= 0:
     raise ValueError(f"{name}: block={block} must be a positive multiple of 64 (wgmma M granularity).")
-  if jnp.shape(signs_16) != (INNER,):
+  if signs_16 is not None and jnp.shape(signs_16) != (INNER,):
     raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
-                     "use tetrajet_jax.numerics.hadamard_signs(key).")
-  if jnp.ndim(seed) != 0:
+                     "use tetrajet_jax.numerics.hadamard_signs(key), or None for no RHT.")
+  if rounding not in ("stochastic", "nearest"):
+    raise ValueError(f"{name}: rounding must be 'stochastic' or 'nearest', got {rounding!r}.")
+  if (seed is None) != (rounding == "nearest"):
+    raise ValueError(f"{name}: rounding={rounding!r} " + ("needs a seed (counter_rng.sr_seed(key))."
+                     if seed is None else "takes no seed; pass seed=None."))
+  if seed is not None and jnp.ndim(seed) != 0:
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
+  check_tensor_scale(tensor_scale, name)
   if (_division not in ("exact", "hardware") or _math not in ("full", "none")
       or _tile_source not in ("smem", "registers")):
     raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
@@ -151,10 +163,12 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
   return x, axis, r, k
 
 
-def _output_specs(r: int, k: int, block: int, *, emit_operand: bool, emit_transformed: bool):
+def _output_specs(r: int, k: int, block: int, *, emit_operand: bool, emit_transformed: bool, amax_only: bool):
   """(out shapes, their SMEM blocks, the count of pipelined outputs): codes, s_in^T, s_out^T,
-  [operand], [transformed values]."""
+  [operand], [transformed values]; or, amax_only, the row amax of every 128-block, [Kp/128, rows]."""
   kb = k // OUTER
+  if amax_only:
+    return [jax.ShapeDtypeStruct((kb, r), jnp.float32)], [(1, block)], 1
   out_shape = [
       jax.ShapeDtypeStruct((r, k // 2), jnp.uint8),
       jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
@@ -170,13 +184,16 @@ def _output_specs(r: int, k: int, block: int, *, emit_operand: bool, emit_transf
   return out_shape, out_blocks, n_out
 
 
-def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, *, emit_operand: bool, emit_transformed: bool):
+def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, tensor_scale, *, emit_operand: bool,
+              emit_transformed: bool):
   """The kernel's outputs as an NVFP4Tensor (scales transposed back), then the optional extras."""
   r, k = (shape[0], shape[1]) if axis == 1 else (shape[1], -(-shape[0] // OUTER) * OUTER)
   kb = k // OUTER
   codes, s_in_t, s_out_t = outs[:3]
-  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn), scale_outer=s_out_t.T,
-                  shape=shape, axis=axis, scaling="block", block_2d=False)
+  tensor = tensor_scale is not None
+  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn),
+                  scale_outer=tensor_scale.astype(jnp.float32) if tensor else s_out_t.T,
+                  shape=shape, axis=axis, scaling="tensor" if tensor else "block", block_2d=False)
   extra = []
   if emit_operand:
     extra.append(lax.bitcast_convert_type(outs[3], jnp.bfloat16).reshape(r, k))
@@ -186,21 +203,33 @@ def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, *, emit_opera
   return (t, *extra) if extra else t
 
 
-def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
-                          block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
-                          emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                          _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
-  """RHT-16 + double-block scales + stochastic rounding of a 2-D array, one pass.
+def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.Array | None, *, axis: int = -1,
+                            rounding: Rounding = "stochastic", tensor_scale: jax.Array | None = None,
+                            block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
+                            emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
+                            _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
+  """The backward quantizer of a 2-D array in one pass: RHT-16 (or none), NVFP4 scales
+  (double-block, or under a given per-tensor scale), stochastic rounding (or RTN).
+
+  TetraJet-v2's Q3..Q6 are RHT + double-block + SR (the defaults); NVIDIA's
+  recipe uses tensor scaling with SR and no RHT (dY along N), SR + RHT (dY^T)
+  and RTN + RHT (X^T).
 
   Args:
     x: bf16 or f32 [R, C]. axis=-1: R % block == 0, C % 128 == 0. axis=0:
       C % block == 0; R is zero-padded to a multiple of 128 (a copy only when
       R % 128 != 0), as the linear layer pads tokens.
-    signs_16: the 16 RHT signs (+-1), e.g. `hadamard_signs(key)`.
+    signs_16: the 16 RHT signs (+-1), e.g. `hadamard_signs(key)`; None: no
+      transform (y = x exactly).
     seed: integer scalar (uint32 range) selecting the SR random bits
-      (counter_rng; `counter_rng.sr_seed(key)` derives it from a PRNG key).
+      (counter_rng; `counter_rng.sr_seed(key)` derives it from a PRNG key);
+      None with rounding="nearest".
     axis: -1/1 (quantize along columns) or 0 (along rows; output is the
       canonical layout of x^T).
+    rounding: "stochastic" (needs seed) or "nearest".
+    tensor_scale: None for double-block scaling; a float32 scalar for tensor
+      scaling: `numerics.tensor_outer_scale` of the amax of the transformed
+      values (`transformed_amax` with the same signs and axis).
     block: canonical output rows per CTA (multiple of 64).
     max_concurrent_steps: TMA pipeline depth along the quantized axis.
     emit_operand: also return the exact bf16 operand q * s_in [rows, Kp].
@@ -224,67 +253,96 @@ def quantize_nvfp4_rht_sr(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *,
       `python -m experiments.bench kernels --only bwdquant` times both.
 
   Returns:
-    NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding="stochastic",
-    key=sr_key)` (canonical layout) bitwise for y the kernel's transformed
-    values and seed = counter_rng.sr_seed(sr_key): same scales, same random
-    bits, same codes. y equals random_hadamard_16(x, key, axis=axis) up to
-    FP32 accumulation order. Then (if asked) the bf16 operand, then y.
+    NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding=rounding,
+    key=sr_key, scaling=...)` (canonical layout) bitwise for y the kernel's
+    transformed values and seed = counter_rng.sr_seed(sr_key): same scales,
+    same random bits, same codes. y equals random_hadamard_16(x, key,
+    axis=axis) up to FP32 accumulation order (x itself without signs). Then
+    (if asked) the bf16 operand, then y.
   """
   if isinstance(seed, int):  # a Python int may not fit jit's int32 for it
     seed = np.uint32(seed)
-  return _rht_sr_instance(x, signs_16, seed, axis=axis, block=block, max_concurrent_steps=max_concurrent_steps,
-                          emit_operand=emit_operand, emit_transformed=emit_transformed, k_splits=k_splits,
-                          interpret=interpret, _division=_division, _math=_math, _tile_source=_tile_source)
+  return _backward_instance(x, signs_16, seed, tensor_scale, axis=axis, rounding=rounding, amax_only=False,
+                            block=block, max_concurrent_steps=max_concurrent_steps, emit_operand=emit_operand,
+                            emit_transformed=emit_transformed, k_splits=k_splits, interpret=interpret,
+                            _division=_division, _math=_math, _tile_source=_tile_source)
 
 
-@_platform.one_lowering_per_instance("axis", "block", "max_concurrent_steps", "emit_operand", "emit_transformed",
-                                     "k_splits", "interpret", "_division", "_math", "_tile_source")
-def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis: int = -1,
-                     block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
-                     emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                     _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
-  """The kernel instance behind `quantize_nvfp4_rht_sr` (same arguments)."""
+def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1, block: int = 64,
+                     max_concurrent_steps: int = 2, k_splits: int | None = None, interpret: bool = False) -> jax.Array:
+  """max |y| over the whole tensor (float32 scalar; NaN/Inf propagate) for y the transform
+  `quantize_nvfp4_backward` applies with the same signs and axis: the amax a tensor-scaled
+  quantization of y needs before any block can be quantized. One read of x; the kernel writes
+  one amax per 128-block row and XLA reduces those."""
+  amax = _backward_instance(x, signs_16, None, None, axis=axis, rounding="nearest", amax_only=True, block=block,
+                            max_concurrent_steps=max_concurrent_steps, emit_operand=False, emit_transformed=False,
+                            k_splits=k_splits, interpret=interpret, _division="exact", _math="full",
+                            _tile_source="registers")
+  return jnp.max(amax)
+
+
+@_platform.one_lowering_per_instance("axis", "rounding", "amax_only", "block", "max_concurrent_steps", "emit_operand",
+                                     "emit_transformed", "k_splits", "interpret", "_division", "_math", "_tile_source")
+def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: Rounding, amax_only: bool,
+                       block: int, max_concurrent_steps: int, emit_operand: bool, emit_transformed: bool,
+                       k_splits: int | None, interpret: bool, _division: Division, _math: Math,
+                       _tile_source: TileSource):
+  """The kernel instance behind `quantize_nvfp4_backward` and `transformed_amax` (amax_only)."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
   x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
-                                 _division=_division, _math=_math, _tile_source=_tile_source)
-  y_in_smem = _tile_source == "smem" or emit_transformed
+                                 _division=_division, _math=_math, _tile_source=_tile_source, rounding=rounding,
+                                 tensor_scale=tensor_scale,
+                                 name="transformed_amax" if amax_only else "quantize_nvfp4_backward")
+  sr = rounding == "stochastic"
+  tensor = tensor_scale is not None
+  y_in_smem = not amax_only and (_tile_source == "smem" or emit_transformed)
   kb = k // OUTER
   dtype = x.dtype
   f32_in = dtype == jnp.float32
-  bt = transform_matrix(signs_16)
-  keys = row_keys(seed, r).reshape(1, r)
+  inputs = [x, transform_matrix(signs_16)]
+  if sr:
+    inputs.append(row_keys(seed, r).reshape(1, r))
+  if tensor:
+    inputs.append(jnp.broadcast_to(tensor_scale.astype(jnp.float32), (1, block)))
 
   out_shape, out_blocks, n_out = _output_specs(r, k, block, emit_operand=emit_operand,
-                                               emit_transformed=emit_transformed)
+                                               emit_transformed=emit_transformed, amax_only=amax_only)
   # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
   in_block = (block, OUTER) if axis == 1 else (OUTER, block)
   x_transforms = () if f32_in else _swizzled(jnp.bfloat16, in_block[1])
   splits = _platform.k_splits(r // block, kb, interpret, k_splits)
   kb_part = kb // splits  # 128-blocks per CTA
 
-  def kernel(x_gmem, bt_gmem, keys_gmem, *refs):
+  def kernel(x_gmem, bt_gmem, *refs):
+    refs = list(refs)
+    keys_gmem = refs.pop(0) if sr else None
+    scale_gmem = refs.pop(0) if tensor else None
     outs_gmem = refs[:n_out]
     y_gmem = refs[n_out] if emit_transformed else None
     refs = refs[n_out + int(emit_transformed):]
     outs_smem = refs[:n_out]
-    bt_smem, keys_smem, bar_bt, bar_keys, *extra = refs[n_out:]
+    bt_smem, bar_bt, *extra = refs[n_out:]
+    keys_smem, bar_keys = (extra.pop(0), extra.pop(0)) if sr else (None, None)
+    scale_refs = (extra.pop(0), extra.pop(0)) if tensor else None
     y_smem = extra.pop(0) if y_in_smem else None
     split_smem = extra.pop(0) if f32_in else None
     rows = pl.ds(lax.axis_index("rows") * block, block)
     j0 = lax.axis_index("k") * kb_part  # this CTA's first 128-block
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
-    plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
+    key_rows = load_row_vector(keys_gmem.at[:, rows], keys_smem, bar_keys) if sr else None  # uint32 [block]
+    s_tensor = load_row_vector(scale_gmem, *scale_refs) if tensor else None  # float32 [block]
     plgpu.barrier_wait(bar_bt)
-    plgpu.barrier_wait(bar_keys)
     b_op = bt_smem.transpose((1, 0))  # [K=128 in, N=128 out]
-    key_rows = plgpu.load(keys_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # uint32 [block]
 
     def copy_out(j, slot):
-      dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
-              outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
-              outs_gmem[2].at[pl.ds(j, 1), rows]]
-      if emit_operand:
-        dsts.append(outs_gmem[3].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)])
+      if amax_only:
+        dsts = [outs_gmem[0].at[pl.ds(j, 1), rows]]
+      else:
+        dsts = [outs_gmem[0].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)],
+                outs_gmem[1].at[pl.ds(j * (OUTER // INNER), OUTER // INNER), rows],
+                outs_gmem[2].at[pl.ds(j, 1), rows]]
+        if emit_operand:
+          dsts.append(outs_gmem[3].at[rows, pl.ds(j * (OUTER // 2), OUTER // 2)])
       for src, dst in zip(outs_smem, dsts):
         plgpu.copy_smem_to_gmem(src.at[slot], dst)
 
@@ -294,8 +352,9 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
       j = j0 + jl
       if _math == "none":  # the input still arrives in SMEM by TMA; registers get only the row keys
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        i2 = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
-        raw = lax.broadcast_in_dim(key_rows, (block, INNER // 2), [0]) + i2
+        raw = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
+        if sr:
+          raw = raw + lax.broadcast_in_dim(key_rows, (block, INNER // 2), [0])
         store_trivial_tile([raw] * (OUTER // INNER), block, *(o.at[slot] for o in outs_smem))
         plgpu.commit_smem()
         copy_out(j, slot)
@@ -323,18 +382,21 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous step's copy of y_smem is done
         y_smem[...] = y
         plgpu.commit_smem()
-      if _tile_source == "registers":  # inner block c: accumulator columns [8c, 8c+8) and [64+8c, 64+8c+8)
+      if amax_only or _tile_source == "registers":  # inner block c: columns [8c, 8c+8) and [64+8c, 64+8c+8)
         pairs = lambda c: (y[:, c * w:(c + 1) * w], y[:, half + c * w:half + (c + 1) * w])
       else:  # read back in [block, 8] slices (the RTN kernel's load pattern)
         # optimized=False: no bank-conflict-free plan with a loop-indexed offset (nvfp4_quantize).
         load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, w)], layout=plgpu.Layout.WGMMA, optimized=False)
         pairs = lambda c: (load(c * w), load(half + c * w))
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
-      codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
-      quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER),
-                    packed_store(codes_s, outs_smem[3].at[slot] if emit_operand else None), s_in_s, s_out_s,
-                    interpret=interpret, with_operand=emit_operand, division=_division,
-                    unrolled=_tile_source == "registers")
+      if amax_only:
+        outs_smem[0].at[slot][0, :] = tile_abs_max(pairs, unrolled=True)
+      else:
+        codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
+        quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER) if sr else rtn_rounding,
+                      packed_store(codes_s, outs_smem[3].at[slot] if emit_operand else None), s_in_s, s_out_s,
+                      interpret=interpret, with_operand=emit_operand, division=_division,
+                      unrolled=_tile_source == "registers", tensor_s_out=s_tensor)
       plgpu.commit_smem()
       copy_out(j, slot)
       if emit_transformed:
@@ -350,12 +412,11 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
     plgpu.wait_smem_to_gmem(0)
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
-  scratch += [
-      plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)),
-      plgpu.SMEM((1, block), jnp.uint32),
-      plgpu.Barrier(),
-      plgpu.Barrier(),
-  ]
+  scratch += [plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)), plgpu.Barrier()]
+  if sr:
+    scratch += [plgpu.SMEM((1, block), jnp.uint32), plgpu.Barrier()]
+  if tensor:
+    scratch += row_vector_scratch(block)
   if y_in_smem:  # the transformed tile, for the SMEM tile source or the emitted y
     scratch.append(plgpu.SMEM((block, OUTER), jnp.float32))
   if f32_in:  # one bf16 part of the hi/mid/lo split at a time
@@ -363,12 +424,15 @@ def _rht_sr_instance(x: jax.Array, signs_16: jax.Array, seed: jax.Array, *, axis
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
                       scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
   with _platform.interpret_context(interpret):
-    outs = call(x, bt, keys)
-  return _assemble(outs, n_out, shape, axis, emit_operand=emit_operand, emit_transformed=emit_transformed)
+    outs = call(*inputs)
+  if amax_only:
+    return outs[0]
+  return _assemble(outs, n_out, shape, axis, tensor_scale, emit_operand=emit_operand,
+                   emit_transformed=emit_transformed)
 
 
 def can_use_pallas_backward_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block: int = 64) -> bool:
-  """True when quantize_nvfp4_rht_sr runs here (Hopper GPU) for this 2-D shape, dtype and axis."""
+  """True when quantize_nvfp4_backward runs here (Hopper GPU) for this 2-D shape, dtype and axis."""
   if not (_platform.hopper_available() and len(shape) == 2 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32)):
     return False
   if axis in (-1, 1):
@@ -378,7 +442,7 @@ def can_use_pallas_backward_quantizer(shape: tuple[int, ...], dtype, *, axis: in
   return False
 
 
-def quantize_nvfp4_rht_sr_reference(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
+def quantize_nvfp4_backward_reference(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *,
                                     axis: int = -1) -> NVFP4Tensor:
   """The XLA path the kernel replaces (RHT with hadamard_signs(rht_key); SR bits from
   counter_rng seeded with sr_seed(sr_key), the kernel's generator: with
@@ -388,5 +452,5 @@ def quantize_nvfp4_rht_sr_reference(x: jax.Array, rht_key: jax.Array, sr_key: ja
   return quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis), axis=axis, rounding="stochastic", key=sr_key)
 
 
-__all__ = ["quantize_nvfp4_rht_sr", "can_use_pallas_backward_quantizer", "quantize_nvfp4_rht_sr_reference",
+__all__ = ["quantize_nvfp4_backward", "transformed_amax", "can_use_pallas_backward_quantizer", "quantize_nvfp4_backward_reference",
            "transform_matrix", "row_keys", "fmix32", "hadamard_signs"]

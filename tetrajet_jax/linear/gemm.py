@@ -41,13 +41,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from tetrajet_jax import kernels
-from tetrajet_jax.linear.recipes import BACKENDS, Backend
+from tetrajet_jax.linear.recipes import BACKENDS, Backend, Rounding, Scaling
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
-                                   dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand)
+                                   dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand,
+                                   tensor_outer_scale)
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
-KERNELS = ("rtn", "rht_sr", "gemm")  # names for interpret_kernels
+KERNELS = ("rtn", "backward", "gemm")  # names for interpret_kernels
 Operand = Union[NVFP4Tensor, MXFP8Tensor, jax.Array]
 
 _interpreted: frozenset[str] = frozenset()
@@ -64,7 +65,7 @@ def check_backend(backend: str) -> None:
 
 @contextlib.contextmanager
 def interpret_kernels(*names: str) -> Iterator[None]:
-  """Runs the named Pallas kernels ("rtn", "rht_sr", "gemm"; default all) in
+  """Runs the named Pallas kernels ("rtn", "backward", "gemm"; default all) in
   Mosaic GPU's interpreter on the CPU, as if this device could run them, for
   computations traced inside the context (testing: the real kernel bodies
   inside the layer without a Hopper GPU). The kernels' own shape checks still
@@ -125,48 +126,83 @@ def _kernel_runs(name: str, can_use: bool, backend: Backend, what: str) -> bool:
   if name in _interpreted or can_use:
     return True
   if backend == "pallas":
-    raise BackendUnavailableError(
-        f"backend='pallas': the Pallas {what} cannot run here (it needs a Hopper GPU, sm_90, and a supported "
-        f"shape; device {jax.devices()[0].device_kind!r}). Use backend='auto' to fall back to XLA where the "
-        "kernels do not run, or backend='xla'.")
+    raise _unavailable(what)
   return False
+
+
+def _unavailable(what: str) -> BackendUnavailableError:
+  return BackendUnavailableError(
+      f"backend='pallas': the Pallas {what} cannot run here (it needs a Hopper GPU, sm_90, and a supported "
+      f"shape; device {jax.devices()[0].device_kind!r}). Use backend='auto' to fall back to XLA where the "
+      "kernels do not run, or backend='xla'.")
+
+
+def _unsupported(backend: Backend, what: str) -> None:
+  """An operand no kernel takes on any device: None (XLA) unless backend="pallas", which raises
+  BackendUnavailableError (interpreted or not)."""
+  if backend == "pallas":
+    raise _unavailable(what)
+  return None
 
 
 def _interpret(name: str) -> dict:
   return {"interpret": True} if name in _interpreted else {}
 
 
-def rtn_quantize(x: jax.Array, backend: Backend) -> NVFP4Tensor | None:
+def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block") -> NVFP4Tensor | None:
   """The fused Pallas RTN quantizer along x's last axis where the backend
-  runs it, bitwise equal to quantize_nvfp4(x, axis=-1); else None (XLA).
+  runs it, bitwise equal to quantize_nvfp4(x, axis=-1, scaling=scaling); else
+  None (XLA).
 
-  A last axis that is not a multiple of 128 (OutControl's FP4 channels,
-  K - round(0.1 K)) is zero-padded first, as the XLA quantizer pads it
-  internally: zeros change no scale, and the result carries x's shape."""
+  Block scaling: a last axis that is not a multiple of 128 (OutControl's FP4
+  channels, K - round(0.1 K)) is zero-padded first, as the XLA quantizer pads
+  it internally: zeros change no scale, and the result carries x's shape.
+  Tensor scaling: XLA reduces the tensor's amax first (no CTA sees the whole
+  tensor); the XLA quantizer pads K only to 16 there, so a K that is not a
+  multiple of 128 stays on XLA (the GEMM needs both operands padded alike).
+  """
+  tensor = scaling == "tensor"
+  if tensor and x.shape[-1] % OUTER_BLOCK:
+    return _unsupported(backend, f"tensor-scaled RTN quantizer for {x.dtype}{x.shape} (K % 128 != 0)")
   padded_shape = (*x.shape[:-1], -(-x.shape[-1] // OUTER_BLOCK) * OUTER_BLOCK)
   can = backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(padded_shape, x.dtype)
   if not _kernel_runs("rtn", can, backend, f"RTN quantizer for {x.dtype}{x.shape}"):
     return None
-  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), **_interpret("rtn"))
+  scale = tensor_outer_scale(jnp.max(jnp.abs(x)).astype(jnp.float32)) if tensor else None
+  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), tensor_scale=scale, **_interpret("rtn"))
   return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
 
 
-def rht_sr_quantize(x: jax.Array, rht_key: jax.Array, sr_key: jax.Array, *, axis: int,
-                    backend: Backend) -> NVFP4Tensor | None:
-  """The fused Pallas backward quantizer (RHT-16 + double-block scales + SR in
-  one pass) where the backend runs it, else None (XLA).
+def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array | None, *, axis: int,
+                      rounding: Rounding = "stochastic", scaling: Scaling = "block",
+                      backend: Backend) -> NVFP4Tensor | None:
+  """The fused Pallas backward quantizer (RHT-16 if rht_key is given, NVFP4
+  scales, stochastic rounding or RTN, in one pass) where the backend runs it,
+  else None (XLA).
 
   Same transform, scales and random bits as quantize_nvfp4(random_hadamard_16(x,
-  rht_key, axis=axis), rounding="stochastic", key=sr_key): both draw from the
-  counter-based generator (numerics.counter_rng) seeded with sr_seed(sr_key),
-  so the codes agree bitwise wherever the transformed values do (the kernel's
-  transform differs from the XLA butterfly only in FP32 accumulation order).
+  rht_key, axis=axis), rounding=rounding, key=sr_key, scaling=scaling): both
+  draw from the counter-based generator (numerics.counter_rng) seeded with
+  sr_seed(sr_key), so the codes agree bitwise wherever the transformed values
+  do (the kernel's transform differs from the XLA butterfly only in FP32
+  accumulation order; without RHT they are x itself). Tensor scaling first
+  takes the amax of the transformed values (`kernels.transformed_amax`, or an
+  XLA reduction of |x| without RHT).
   """
   can = backend in ("auto", "pallas") and kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis)
-  if not _kernel_runs("rht_sr", can, backend, f"RHT + SR quantizer for {x.dtype}{x.shape} along axis {axis}"):
+  what = (f"{'RHT + ' if rht_key is not None else ''}{rounding} {scaling}-scaled quantizer for {x.dtype}{x.shape} "
+          f"along axis {axis}")
+  if not _kernel_runs("backward", can, backend, what):
     return None
-  return kernels.quantize_nvfp4_rht_sr(x, hadamard_signs(rht_key), counter_rng.sr_seed(sr_key), axis=axis,
-                                      **_interpret("rht_sr"))
+  signs = None if rht_key is None else hadamard_signs(rht_key)
+  seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
+  scale = None
+  if scaling == "tensor":
+    amax = (jnp.max(jnp.abs(x)).astype(jnp.float32) if signs is None
+            else kernels.transformed_amax(x, signs, axis=axis, **_interpret("backward")))
+    scale = tensor_outer_scale(amax)
+  return kernels.quantize_nvfp4_backward(x, signs, seed, axis=axis, rounding=rounding, tensor_scale=scale,
+                                         **_interpret("backward"))
 
 
 def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16) -> jax.Array:

@@ -39,7 +39,7 @@ import numpy as np
 
 from tetrajet_jax.linear import recipes as recipes_lib
 from tetrajet_jax.linear import gemm as gemm_lib
-from tetrajet_jax.linear.gemm import gemm_nt, rht_sr_quantize, rtn_quantize
+from tetrajet_jax.linear.gemm import backward_quantize, gemm_nt, rtn_quantize
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
@@ -73,11 +73,10 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
   cfg = recipe.quantizers[i - 1]
   if not cfg.enabled:
     return jnp.moveaxis(x.astype(jnp.float32), axis, -1)  # same canonical layout
-  block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
-  if cfg.rounding == "nearest" and block_1d and x.ndim == 2:
-    fused = rtn_quantize(x if axis in (-1, 1) else x.T, backend)
+  if cfg.rounding == "nearest" and _kernel_layout(x, recipe, weight):
+    fused = rtn_quantize(x if axis in (-1, 1) else x.T, backend, scaling=recipe.scaling)
     if fused is not None:
-      return fused  # bitwise equal to quantize_nvfp4(x, axis=axis) in canonical layout
+      return fused  # bitwise equal to quantize_nvfp4(x, axis=axis, scaling=...) in canonical layout
   return quantize_nvfp4(
       x, axis=axis, rounding=cfg.rounding, key=keys.q[i - 1] if cfg.rounding == "stochastic" else None,
       scaling=recipe.scaling, block_2d=weight and recipe.weight_block_2d)
@@ -86,16 +85,23 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
 def _quantize_rht(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, rht_key: jax.Array, rht: bool, *,
                   axis: int, weight: bool = False, backend: gemm_lib.Backend = "xla") -> NVFP4Tensor | jax.Array:
   """Q(i)(RHT(x)) along `axis` (RHT only if `rht`): where the backend runs
-  it, the fused kernel does transform, scales and stochastic rounding in one
-  pass; elsewhere the XLA transform then quantize_nvfp4."""
+  it, the fused kernel does transform, scales and rounding in one pass (RTN
+  without RHT goes to the RTN kernel); elsewhere the XLA transform then
+  quantize_nvfp4."""
   cfg = recipe.quantizers[i - 1]
-  block_1d = recipe.scaling == "block" and not (weight and recipe.weight_block_2d)
-  if rht and cfg.enabled and cfg.rounding == "stochastic" and block_1d and x.ndim == 2:
-    fused = rht_sr_quantize(x, rht_key, keys.q[i - 1], axis=axis, backend=backend)
+  if cfg.enabled and (rht or cfg.rounding == "stochastic") and _kernel_layout(x, recipe, weight):
+    fused = backward_quantize(x, rht_key if rht else None, keys.q[i - 1], axis=axis, rounding=cfg.rounding,
+                              scaling=recipe.scaling, backend=backend)
     if fused is not None:
       return fused
   return _quantize(_rht(x.astype(jnp.float32), rht_key, rht, axis), i, recipe, keys, axis=axis, weight=weight,
                    backend=backend)
+
+
+def _kernel_layout(x: jax.Array, recipe: Recipe, weight: bool) -> bool:
+  """Whether the quantizer kernels can take this operand's blocks: 2-D, 1x16 inner blocks
+  (not NVIDIA's 16x16 weight blocks)."""
+  return x.ndim == 2 and not (weight and recipe.weight_block_2d)
 
 
 def _values(op: NVFP4Tensor | jax.Array) -> jax.Array:
@@ -263,8 +269,9 @@ def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe):
 
 
 def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
-  """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw."""
-  xp = pad_axis_to_multiple(x_src.astype(jnp.float32), 0, OUTER_BLOCK)  # [Mp, K']
+  """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw. X stays in its dtype
+  (NVIDIA's bf16 X: the kernel reads half the bytes; the XLA path widens it, exactly)."""
+  xp = pad_axis_to_multiple(x_src, 0, OUTER_BLOCK)  # [Mp, K']
   return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0,
                        backend=recipe.backend)  # canonical [K', Mp]
 

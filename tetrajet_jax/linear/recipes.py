@@ -21,6 +21,7 @@ from typing import Literal
 import jax.numpy as jnp
 
 Rounding = Literal["nearest", "stochastic"]
+Scaling = Literal["block", "tensor"]
 # How OutControl turns p*K into a channel count (`linear.outlier_count`).
 OUTLIER_ROUNDINGS = ("nearest", "block128")
 Backend = Literal["auto", "xla", "pallas", "reference"]
@@ -79,7 +80,7 @@ class Recipe:
 
   name: str = "custom"
   quantized: bool = True
-  scaling: Literal["block", "tensor"] = "block"
+  scaling: Scaling = "block"
   weight_block_2d: bool = False
   q1: QuantizerConfig = RTN
   q2: QuantizerConfig = RTN

@@ -8,7 +8,7 @@ from tetrajet_jax.numerics.hadamard import hadamard_signs, inverse_random_hadama
 from tetrajet_jax.numerics.mxfp8 import (MXFP8Tensor, dequantize_mxfp8, dequantize_mxfp8_canonical,
                                          quantize_mxfp8)
 from tetrajet_jax.numerics.nvfp4 import (NVFP4Tensor, dequantize_nvfp4, dequantize_nvfp4_canonical,
-                                         nvfp4_bf16_operand, quantize_nvfp4)
+                                         nvfp4_bf16_operand, quantize_nvfp4, tensor_outer_scale)
 from tetrajet_jax.numerics.scales import div_rn, e8m0_exponent, round_to_e4m3
 
 

@@ -146,13 +146,20 @@ def _inner_scales(amax_in: jax.Array, s_out: jax.Array) -> jax.Array:
   return lax.optimization_barrier(block_inner_scale(amax_in, s_out, _xla_division))
 
 
+def tensor_outer_scale(amax: jax.Array) -> jax.Array:
+  """NVIDIA's per-tensor FP32 scale from the tensor's amax (docs/SPEC.md section 5): amax / (448 * 6)
+  in one division by the constant, 0 -> 1, NaN when amax is not finite (the tensor held NaN/Inf;
+  max propagates NaN). The XLA quantizer and the kernels' tensor-scaled mode share it."""
+  s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)
+  return jnp.where(jnp.isfinite(amax), jnp.where(s == 0, 1.0, s), jnp.nan)
+
+
 def _outer_scale(amax: jax.Array, finite: jax.Array, scaling: str) -> jax.Array:
   if scaling == "block":
-    s = block_outer_scale(amax, _xla_division)
+    s = jnp.where(finite, block_outer_scale(amax, _xla_division), jnp.nan)
   else:
-    s = div_by_constant(amax, E4M3_MAX * E2M1_MAX)  # docs/SPEC.md section 5: NVIDIA's per-tensor scale
-    s = jnp.where(s == 0, 1.0, s)
-  return lax.optimization_barrier(jnp.where(finite, s, jnp.nan))
+    s = tensor_outer_scale(amax)
+  return lax.optimization_barrier(s)
 
 
 def quantize_nvfp4(
@@ -228,7 +235,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(amax_out, fin_out, "block")  # [R/128, K/128]
       s_out_in = jnp.repeat(jnp.repeat(s_out, 8, 0), 8, 1)  # per inner tile
     else:
-      s_out = _outer_scale(ax.max(initial=0.0), finite.all(), "tensor")  # initial: empty inputs
+      s_out = _outer_scale(ax.max(initial=0.0), None, "tensor")  # initial: empty inputs
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [R/16, K/16]
     per_element = lambda v: jnp.repeat(jnp.repeat(v, 16, 0), 16, 1)  # [R/16, K/16] -> [R, K]
@@ -241,7 +248,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       s_out = _outer_scale(amax_out, fin_out, "block")
       s_out_in = jnp.repeat(s_out, 8, axis=-1)  # [..., K/16]
     else:
-      s_out = _outer_scale(ax.max(initial=0.0), finite.all(), "tensor")  # initial: empty inputs
+      s_out = _outer_scale(ax.max(initial=0.0), None, "tensor")  # initial: empty inputs
       s_out_in = s_out
     s_in = _inner_scales(amax_in, s_out_in)  # [..., K/16]
     per_element = lambda v: jnp.repeat(v, 16, axis=-1)  # [..., K/16] -> [..., K]
