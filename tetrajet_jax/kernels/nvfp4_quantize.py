@@ -243,6 +243,22 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
                   with_operand=bool(qs_refs), division=division, tensor_s_out=tensor_s_out)
 
 
+def _check_rtn_args(x, tensor_scale, block_rows: int, packing: Packing | None, division: Division,
+                    math: Math) -> Packing:
+  """`quantize_nvfp4_rtn`'s argument checks, before any compute; returns the packing to use."""
+  _check_input(x, block_rows, "quantize_nvfp4_rtn")
+  check_tensor_scale(tensor_scale, "quantize_nvfp4_rtn")
+  if division not in ("exact", "hardware") or math not in ("full", "none"):
+    raise ValueError(f"quantize_nvfp4_rtn: unknown _division={division!r} / _math={math!r}.")
+  if packing is None:
+    packing = "pairs" if x.dtype == jnp.bfloat16 else "xla"
+  if packing == "pairs" and x.dtype != jnp.bfloat16:
+    raise ValueError(f"quantize_nvfp4_rtn: packing='pairs' needs bfloat16 input, got {x.dtype}; use 'xla'.")
+  if packing not in ("pairs", "xla"):
+    raise ValueError(f"quantize_nvfp4_rtn: unknown packing {packing!r}; use 'pairs' or 'xla'.")
+  return packing
+
+
 @_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
                                      "interpret", "_division", "_math")
 def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, block_rows: int = 64,
@@ -278,16 +294,7 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
     tensor_scale: quantize_nvfp4(x, axis=-1, scaling="tensor")); with
     emit_operand, (tensor, qs_bf16).
   """
-  _check_input(x, block_rows, "quantize_nvfp4_rtn")
-  check_tensor_scale(tensor_scale, "quantize_nvfp4_rtn")
-  if _division not in ("exact", "hardware") or _math not in ("full", "none"):
-    raise ValueError(f"quantize_nvfp4_rtn: unknown _division={_division!r} / _math={_math!r}.")
-  if packing is None:
-    packing = "pairs" if x.dtype == jnp.bfloat16 else "xla"
-  if packing == "pairs" and x.dtype != jnp.bfloat16:
-    raise ValueError(f"quantize_nvfp4_rtn: packing='pairs' needs bfloat16 input, got {x.dtype}; use 'xla'.")
-  if packing not in ("pairs", "xla"):
-    raise ValueError(f"quantize_nvfp4_rtn: unknown packing {packing!r}; use 'pairs' or 'xla'.")
+  packing = _check_rtn_args(x, tensor_scale, block_rows, packing, _division, _math)
   r, k = x.shape
   kb = k // OUTER
   pairs = packing == "pairs"
