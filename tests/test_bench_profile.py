@@ -95,3 +95,15 @@ def test_attribution_reads_the_module_that_ran():
   assert [o["op"] for o in ops] == ["fusion.1", "fusion.3", "fusion.2", "MemcpyD2H"]
   assert step_profile.attribute({}, {}, steps=1) == (None, {}, [])
 
+
+def test_attribution_reads_both_halves_of_a_split_update():
+  """A split update runs two functions a step; each one's module that ran is read, and a name both
+  hold goes to the function naming more traced time."""
+  info = lambda part: dict(kind="fusion", target="", shape="f32[8]{0}", source="x.py:1", part=part)
+  modules = {"m1.jit_update_step.txt": {"fusion.1": info("model"), "fusion.2": info("model")},
+             "m2.jit_oscillation_step.txt": {"fusion.2": info("OsciReset"), "fusion.9": info("OsciReset")}}
+  by_op = {"fusion.1": 6e6, "fusion.2": 2e6, "fusion.9": 2e6}
+  ran, parts, _ = step_profile.attribute(by_op, modules, steps=2)
+  assert ran == "m1.jit_update_step.txt, m2.jit_oscillation_step.txt"
+  assert parts == {"model": 4.0, "OsciReset": 1.0}
+

@@ -45,6 +45,8 @@ from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train.arms import ARMS
 
 RESULT_TAG = "BENCH_PROFILE_RESULT "
+# The functions an update runs (`tetrajet_jax.train.step`): whole, or split around OsciReset.
+STEP_FUNCTIONS = ("train_step", "update_step", "oscillation_step")
 # Innermost source frame -> part of the step, first match wins (paths relative to site-packages or the repo).
 PARTS = (("tetrajet_jax/kernels/nvfp4_gemm.py", "FP4 GEMM (Pallas)"),
          ("tetrajet_jax/kernels/nvfp4_quantize_backward.py", "backward quantizer (Pallas)"),
@@ -184,11 +186,19 @@ def kernel_times(xspace_path: str) -> tuple[dict[str, float], float, list[str]]:
 
 def attribute(by_op: dict[str, float], modules: dict[str, dict[str, dict]], steps: int
               ) -> tuple[str | None, dict[str, float], list[dict]]:
-  """(module that ran, {part: ms per step} costliest first, instructions costliest first) of the
-  traced {instruction: ns}. The module that ran is the one naming most of the traced time:
-  instruction names repeat across modules (an OutControl arm compiles a step per phase)."""
-  ran = max(modules, key=lambda m: sum(ns for op, ns in by_op.items() if op in modules[m]), default=None)
-  sources = modules.get(ran, {})
+  """(modules that ran, {part: ms per step} costliest first, instructions costliest first) of the
+  traced {instruction: ns}. Of the modules of one step function (`STEP_FUNCTIONS`, read off the
+  module's name), the one that ran is the one naming most of the traced time: instruction names
+  repeat across modules (an OutControl arm compiles a step per phase). A split update runs two
+  functions; an instruction name both of theirs hold goes to the one naming more traced time."""
+  traced = lambda m: sum(ns for op, ns in by_op.items() if op in modules[m])
+  groups: dict[str | None, list[str]] = collections.defaultdict(list)
+  for m in modules:
+    groups[next((f for f in STEP_FUNCTIONS if f"jit_{f}" in m), None)].append(m)
+  ran = sorted((max(g, key=traced) for g in groups.values()), key=traced, reverse=True)
+  sources: dict[str, dict] = {}
+  for m in reversed(ran):  # the costliest module's entries win
+    sources.update(modules[m])
   parts: dict[str, float] = collections.defaultdict(float)
   ops = []
   for op, ns in by_op.items():
@@ -196,7 +206,7 @@ def attribute(by_op: dict[str, float], modules: dict[str, dict[str, dict]], step
     parts[info["part"]] += ns / steps / 1e6
     ops.append(dict(op=op, ms_per_step=ns / steps / 1e6, **info))
   ops.sort(key=lambda o: -o["ms_per_step"])
-  return ran, dict(sorted(parts.items(), key=lambda kv: -kv[1])), ops
+  return ", ".join(ran) or None, dict(sorted(parts.items(), key=lambda kv: -kv[1])), ops
 
 
 def measure(spec: dict) -> dict:
@@ -216,8 +226,10 @@ def measure(spec: dict) -> dict:
   finally:
     shutil.rmtree(trace_dir, ignore_errors=True)
   modules = {}
-  for path in sorted(glob.glob(os.path.join(spec["dump_dir"], "*jit_train_step*after_optimizations.txt"))):
-    with open(path, encoding="utf-8") as f:  # every compiled train step (OutControl: one per phase)
+  paths = [p for name in STEP_FUNCTIONS
+           for p in glob.glob(os.path.join(spec["dump_dir"], f"*jit_{name}*after_optimizations.txt"))]
+  for path in sorted(paths):
+    with open(path, encoding="utf-8") as f:  # every compiled step function (OutControl: one per phase)
       modules[os.path.basename(path)] = hlo_sources(f.read())
   steps = spec["steps"]
   ran, parts, ops = attribute(by_op, modules, steps)
@@ -276,7 +288,8 @@ def main(argv=None) -> dict:
   env = dict(os.environ)
   # Without command buffers: inside a CUDA graph the trace names the graph, not the instruction.
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={spec['dump_dir']} --xla_dump_hlo_as_text"
-                      " --xla_dump_hlo_module_re=.*train_step.* --xla_gpu_enable_command_buffer=").strip()
+                      f" --xla_dump_hlo_module_re=.*({'|'.join(STEP_FUNCTIONS)}).*"
+                      " --xla_gpu_enable_command_buffer=").strip()
   try:
     proc = subprocess.run([sys.executable, "-m", "experiments.bench.step_profile", json.dumps(spec)],
                           capture_output=True, text=True, check=False, env=env)

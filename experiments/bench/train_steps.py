@@ -22,10 +22,11 @@ memory is that arm's own. Per arm it reports
   from update 1, the phase a run spends nearly all its steps in);
 - peak device memory (where the device reports it).
 
-Quantized arms without OsciReset run its oscillation monitor inside the step
-by default, as a run does (`TrainConfig.monitor_oscillation`); it quantizes
-every weight twice in XLA, and `--no-oscillation-monitor` measures the step
-without it.
+Quantized arms without OsciReset run its oscillation monitor by default, as a
+run does (`TrainConfig.monitor_oscillation`): like OsciReset itself, the
+second of the two functions of a split update (docs/TRAINING.md), compiled
+in parallel with the first and timed with it; `--no-oscillation-monitor`
+measures the arm without it.
 
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.

@@ -27,18 +27,32 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def build_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
-                    ) -> optax.GradientTransformationExtraArgs:
-  """clip(1.0) -> AdamW(schedule) [-> OsciReset] over a pure param dict."""
-  parts = [optax.clip_by_global_norm(config.clip_norm),
-           optax.adamw(config.schedule.lr, b1=config.b1, b2=config.b2, eps=config.eps,
-                       weight_decay=config.weight_decay, mask=_decay_mask)]
+def split_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
+                    ) -> tuple[optax.GradientTransformationExtraArgs, optax.GradientTransformationExtraArgs | None]:
+  """(clip -> AdamW, then OsciReset, its monitor or None): `build_optimizer`'s chain
+  as the two halves a split train step runs (`step.oscillation_step`). The
+  chain's state is the tuple of its members' states, so the first half's state
+  is the chain's minus its last entry and the second half's is that entry."""
   w = config.osci_windows
+  windows = dict(start_step=w.start_step, period=w.period, window=w.window, threshold=w.threshold,
+                 param_filter=param_filter)
+  osci = None
   if config.arm_spec.oscireset:
-    parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
-                            threshold=w.threshold, param_filter=param_filter))
+    osci = osci_reset(**windows)
   elif monitors_oscillation(config) and param_filter is not None:
     # Same windows, measure only: the "without OsciReset" curve of the oscillation plot.
-    parts.append(osci_reset(start_step=w.start_step, period=w.period, window=w.window,
-                            threshold=w.threshold, param_filter=param_filter, apply=False))
-  return optax.chain(*parts)
+    osci = osci_reset(**windows, apply=False)
+  return optax.chain(*_main_members(config)), osci
+
+
+def _main_members(config: TrainConfig) -> list[optax.GradientTransformation]:
+  return [optax.clip_by_global_norm(config.clip_norm),
+          optax.adamw(config.schedule.lr, b1=config.b1, b2=config.b2, eps=config.eps,
+                      weight_decay=config.weight_decay, mask=_decay_mask)]
+
+
+def build_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
+                    ) -> optax.GradientTransformationExtraArgs:
+  """clip(1.0) -> AdamW(schedule) [-> OsciReset] over a pure param dict (one flat chain)."""
+  main, osci = split_optimizer(config, param_filter=param_filter)
+  return main if osci is None else optax.chain(*_main_members(config), osci)

@@ -26,13 +26,9 @@ from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train.schedule import Schedule
 
 
-def train_step(state: dict[str, Any], batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
-               tx: optax.GradientTransformationExtraArgs, mesh: jax.sharding.Mesh, z_loss: float,
-               schedule: Schedule, oscireset: bool, monitored: bool, param_shardings: Any
-               ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
-  """One update: (state, {"inputs", "targets"}) -> (new state, metrics)."""
-  params, model_vars = state["params"], state["model"]
-
+def _loss_and_grads(params: Any, model_vars: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
+                    mesh: jax.sharding.Mesh, z_loss: float, param_shardings: Any):
+  """(loss, aux, the model's new non-parameter variables, gradients) of one batch."""
   def loss_of(p):
     model = nnx.merge(graphdef, sharding_lib.gather_for_compute(p, mesh), model_vars)
     logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)
@@ -41,20 +37,60 @@ def train_step(state: dict[str, Any], batch: dict[str, jax.Array], *, graphdef: 
 
   (loss, (aux, new_vars)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
   grads = sharding_lib.constrain(grads, param_shardings)  # FSDP: reduce-scatter
-  extra = {}
-  if oscireset or monitored:
-    extra["outlier_channels"] = qnn.outlier_channels_tree(nnx.merge(graphdef, params, new_vars), params)
-  updates, opt = tx.update(grads, state["opt"], params, **extra)
-  new_params = optax.apply_updates(params, updates)
   metrics = {"train/loss": loss, "train/ce": aux["ce"], "train/z_loss": aux["z_loss"],
-             "train/grad_norm": optax.tree.norm(grads),
-             "train/param_norm": optax.tree.norm(new_params),
-             "train/lr": schedule.lr(state["step"])}
-  if oscireset:
-    metrics.update(osci_reset_metrics(opt))
-  elif monitored:
-    metrics["osci/risk_frac"] = osci_reset_metrics(opt)["osci/risk_frac"]
+             "train/grad_norm": optax.tree.norm(grads)}
+  return new_vars, grads, metrics
+
+
+def train_step(state: dict[str, Any], batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
+               tx: optax.GradientTransformationExtraArgs, mesh: jax.sharding.Mesh, z_loss: float,
+               schedule: Schedule, param_shardings: Any) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+  """One update: (state, {"inputs", "targets"}) -> (new state, metrics)."""
+  params = state["params"]
+  new_vars, grads, metrics = _loss_and_grads(params, state["model"], batch, graphdef=graphdef, mesh=mesh,
+                                             z_loss=z_loss, param_shardings=param_shardings)
+  updates, opt = tx.update(grads, state["opt"], params)
+  new_params = optax.apply_updates(params, updates)
+  metrics.update({"train/param_norm": optax.tree.norm(new_params), "train/lr": schedule.lr(state["step"])})
   return {"params": new_params, "model": new_vars, "opt": opt, "step": state["step"] + 1}, metrics
+
+
+def update_step(params: Any, rest: dict[str, Any], batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
+                tx: optax.GradientTransformationExtraArgs, mesh: jax.sharding.Mesh, z_loss: float,
+                schedule: Schedule, param_shardings: Any) -> tuple[dict[str, Any], Any, dict[str, jax.Array]]:
+  """First half of a split update: `train_step` up to the updates, which it returns unapplied.
+
+  ``rest`` is the state without "params" (passed apart so that the call can
+  donate it and keep the parameters, which `oscillation_step` still reads);
+  ``tx`` is the optimizer chain without its last member, which the second half
+  runs. Returns (rest with the model variables and optimizer advanced, updates, metrics).
+  """
+  new_vars, grads, metrics = _loss_and_grads(params, rest["model"], batch, graphdef=graphdef, mesh=mesh,
+                                             z_loss=z_loss, param_shardings=param_shardings)
+  updates, opt = tx.update(grads, rest["opt"][:-1], params)
+  metrics["train/lr"] = schedule.lr(rest["step"])
+  return {**rest, "model": new_vars, "opt": (*opt, rest["opt"][-1])}, updates, metrics
+
+
+def oscillation_step(params: Any, rest: dict[str, Any], updates: Any, *, graphdef: nnx.GraphDef,
+                     tx: optax.GradientTransformationExtraArgs, oscireset: bool
+                     ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+  """Second half of a split update: OsciReset (or its monitor mode) on the updates, then apply.
+
+  Why split: OsciReset's window step quantizes every tracked weight in XLA,
+  a large graph to compile (docs/TRAINING.md). As its own function it
+  compiles beside the model's step, in parallel, and the step that lowers
+  every Pallas kernel no longer carries it. ``tx`` is the
+  optimizer chain's last member (`optimizer.split_optimizer`).
+  """
+  opt = rest["opt"]
+  channels = qnn.outlier_channels_tree(nnx.merge(graphdef, params, rest["model"]), params)
+  updates, osci = tx.update(updates, opt[-1], params, outlier_channels=channels)
+  new_params = optax.apply_updates(params, updates)
+  metrics = {"train/param_norm": optax.tree.norm(new_params)}
+  risk = osci_reset_metrics(osci)
+  metrics.update(risk if oscireset else {"osci/risk_frac": risk["osci/risk_frac"]})
+  return {**rest, "params": new_params, "opt": (*opt[:-1], osci), "step": rest["step"] + 1}, metrics
 
 
 def eval_stats(params: Any, model_vars: Any, batch: dict[str, jax.Array], token_bytes: jax.Array, *,
@@ -76,6 +112,27 @@ def jit_train_step(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding
   return jax.jit(functools.partial(train_step, mesh=mesh, param_shardings=state_shardings["params"], **consts),
                  in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=0)
+
+
+def jit_update_step(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh, **consts) -> Callable:
+  """`update_step` jitted with the run's shardings; donates the state without its parameters."""
+  params, rest = without_params(state_shardings)
+  return jax.jit(functools.partial(update_step, mesh=mesh, param_shardings=params, **consts),
+                 in_shardings=(params, rest, batch_sharding),
+                 out_shardings=(rest, params, sharding_lib.replicated(mesh)), donate_argnums=1)
+
+
+def jit_oscillation_step(state_shardings: Any, mesh: jax.sharding.Mesh, **consts) -> Callable:
+  """`oscillation_step` jitted with the run's shardings; donates the state (the new one takes its
+  buffers; the updates are dropped after the call)."""
+  params, rest = without_params(state_shardings)
+  return jax.jit(functools.partial(oscillation_step, **consts), in_shardings=(params, rest, params),
+                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0, 1))
+
+
+def without_params(state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """(state["params"], the rest of the state): the arguments of a split update's halves."""
+  return state["params"], {k: v for k, v in state.items() if k != "params"}
 
 
 def jit_eval_stats(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh,

@@ -62,7 +62,7 @@ from tetrajet_jax.train import validation
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
-from tetrajet_jax.train.optimizer import build_optimizer, monitors_oscillation
+from tetrajet_jax.train.optimizer import build_optimizer, split_optimizer
 
 __all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer",
            "inject_nan"]
@@ -151,6 +151,8 @@ class Trainer:
     self._graphdef = graphdef
     self._phase = "fp4"
     self.tx = build_optimizer(config, param_filter=self._param_filter)
+    # OsciReset (or its monitor) runs as a second, separately compiled function (`step.oscillation_step`).
+    self._tx_main, self._tx_osci = split_optimizer(config, param_filter=self._param_filter)
     params = nnx.to_pure_dict(params)
     state = {"params": params, "model": nnx.to_pure_dict(rest), "opt": self.tx.init(params),
              "step": jnp.zeros((), jnp.int32)}
@@ -254,11 +256,28 @@ class Trainer:
     return step_lib.COMPILED.get(key, build)
 
   def _step_fn(self) -> Callable:
-    cfg = self.config
-    return self._compiled("train", lambda: step_lib.jit_train_step(
-        self._state_shardings, self._batch_sharding, self.mesh, graphdef=self._graphdef, tx=self.tx,
-        z_loss=self.model_config.z_loss, schedule=cfg.schedule, oscireset=self.arm.oscireset,
-        monitored=monitors_oscillation(cfg)))
+    """The jitted train step: the whole update, or its first half (`step.update_step`) when the
+    run has an OsciReset member, which `_oscillation_fn` then runs."""
+    consts = dict(graphdef=self._graphdef, z_loss=self.model_config.z_loss, schedule=self.config.schedule)
+    if self._tx_osci is None:
+      return self._compiled("train", lambda: step_lib.jit_train_step(
+          self._state_shardings, self._batch_sharding, self.mesh, tx=self.tx, **consts))
+    return self._compiled("update", lambda: step_lib.jit_update_step(
+        self._state_shardings, self._batch_sharding, self.mesh, tx=self._tx_main, **consts))
+
+  def _oscillation_fn(self) -> Callable:
+    return self._compiled("oscillation", lambda: step_lib.jit_oscillation_step(
+        self._state_shardings, self.mesh, graphdef=self._graphdef, tx=self._tx_osci,
+        oscireset=self.arm.oscireset))
+
+  def _run_step(self, state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict]:
+    """One update (both halves of a split one): (new state, metrics), dispatched, not awaited."""
+    if self._tx_osci is None:
+      return self._step_fn()(state, batch)
+    params, rest = step_lib.without_params(state)
+    rest, updates, metrics = self._step_fn()(params, rest, batch)
+    state, more = self._oscillation_fn()(params, rest, updates)
+    return state, {**metrics, **more}
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
@@ -290,7 +309,13 @@ class Trainer:
       for phase in phases:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         if ("train", g) not in lowered:
-          lowered["train", g] = self._step_fn().lower(self.state, {"inputs": spec, "targets": spec})
+          batch = {"inputs": spec, "targets": spec}
+          if self._tx_osci is None:
+            lowered["train", g] = self._step_fn().lower(self.state, batch)
+          else:  # the updates have the parameters' shapes and placement
+            params, rest = step_lib.without_params(self.state)
+            lowered["train", g] = self._step_fn().lower(params, rest, batch)
+            lowered["oscillation", g] = self._oscillation_fn().lower(params, rest, params)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
           lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
         if evaluation and phase == final_phase:
@@ -440,7 +465,7 @@ class Trainer:
           self._ensure_phase(step)
           batch = self._next_batch()
           t_call = time.perf_counter()
-          self.state, metrics = self._step_fn()(self.state, batch)
+          self.state, metrics = self._run_step(self.state, batch)
           if pending is None and not last and self.is_main:
             # The first call of a run compiles the step (minutes for FP4 arms on a GPU): say so.
             print(f"{self.arm.name}: step {step} compiled and dispatched in {time.perf_counter() - t_call:.1f} s",
