@@ -6,6 +6,7 @@ import dataclasses
 import math
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,7 +14,6 @@ from tetrajet_jax.train import (ARMS, CheckpointError, NonFiniteLossError, Sched
                                 Trainer, default_lr_steps, parse_arms, read_jsonl, scaled_calibration,
                                 scaled_osci_reset)
 from tetrajet_jax.train.checkpointing import DamagedCheckpointWarning
-from tetrajet_jax.train.trainer import inject_nan
 
 
 # Tests that train an arm use one run (this config, plus logging fields such as checkpoint_every) where
@@ -25,6 +25,16 @@ def _cfg(arm, **kw):
               peak_lr=3e-3, calib_start=2, calib_steps=2, osci_start=3, osci_period=4, osci_window=2)
   base.update(kw)
   return TrainConfig(**base)
+
+
+def inject_nan(trainer: Trainer, leaf_path: tuple[str, ...] = ("final_norm", "weight")) -> None:
+  """Poisons one parameter with NaN (for testing the non-finite stop)."""
+  params = trainer.state["params"]
+  node = params
+  for k in leaf_path[:-1]:
+    node = node[k]
+  node[leaf_path[-1]] = jnp.full_like(node[leaf_path[-1]], jnp.nan)
+  trainer.state = {**trainer.state, "params": params}
 
 
 def test_schedule_closed_form():

@@ -281,3 +281,18 @@ def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arra
 def replicated_input(x: np.ndarray, mesh: Mesh) -> jax.Array:
   """A host array that every process holds in full -> a replicated global array."""
   return jax.make_array_from_process_local_data(replicated(mesh), np.asarray(x))
+
+
+def layer_backend(backend: str, mesh: jax.sharding.Mesh) -> str:
+  """The backend the model's linears run: "auto" means XLA on a mesh of several
+  devices (the Pallas kernels are custom calls XLA does not partition).
+
+  Raises:
+    ValueError: backend "pallas" on a mesh of several devices.
+  """
+  if mesh.devices.size == 1:
+    return backend
+  if backend == "pallas":
+    raise ValueError(f"backend='pallas' on a mesh of {mesh.devices.size} devices: the Pallas kernels are custom "
+                     "calls that XLA does not partition. Use backend 'auto' or 'xla' (XLA on a mesh).")
+  return "xla" if backend == "auto" else backend

@@ -64,27 +64,11 @@ from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
 from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
 from tetrajet_jax.train.optimizer import build_optimizer, split_optimizer
 
-__all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer",
-           "inject_nan"]
+__all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer"]
 
 
 class NonFiniteLossError(RuntimeError):
   """The loss, gradient norm or parameter norm became NaN/Inf."""
-
-
-def layer_backend(backend: str, mesh: jax.sharding.Mesh) -> str:
-  """The backend the model's linears run: "auto" means XLA on a mesh of several
-  devices (the Pallas kernels are custom calls XLA does not partition).
-
-  Raises:
-    ValueError: backend "pallas" on a mesh of several devices.
-  """
-  if mesh.devices.size == 1:
-    return backend
-  if backend == "pallas":
-    raise ValueError(f"backend='pallas' on a mesh of {mesh.devices.size} devices: the Pallas kernels are custom "
-                     "calls that XLA does not partition. Use backend 'auto' or 'xla' (XLA on a mesh).")
-  return "xla" if backend == "auto" else backend
 
 
 class Trainer:
@@ -144,7 +128,7 @@ class Trainer:
     """The model (block linears converted by the arm), optimizer and placed state."""
     config = self.config
     model = OLMo2(self.model_config, rngs=nnx.Rngs(config.seed), scan_blocks=config.scan_blocks)
-    self.arm.quantize(model, backend=layer_backend(config.backend, self.mesh))
+    self.arm.quantize(model, backend=sharding_lib.layer_backend(config.backend, self.mesh))
     outcontrol.phase_graphdef(model, "fp4")  # the graph a run's first updates execute (train/outcontrol.py)
     self._param_filter = qnn.quantized_kernel_filter(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -513,13 +497,3 @@ class Trainer:
       self.checkpointer.close()
     if self.writer is not None:
       self.writer.close()
-
-
-def inject_nan(trainer: Trainer, leaf_path: tuple[str, ...] = ("final_norm", "weight")) -> None:
-  """Poisons one parameter with NaN (for testing the non-finite stop)."""
-  params = trainer.state["params"]
-  node = params
-  for k in leaf_path[:-1]:
-    node = node[k]
-  node[leaf_path[-1]] = jnp.full_like(node[leaf_path[-1]], jnp.nan)
-  trainer.state = {**trainer.state, "params": params}
