@@ -24,7 +24,7 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 # only after a `wait_smem_to_gmem` (which also ends in a warpgroup barrier); the wgmma
 # operand buffer is rewritten only after `wgmma_wait`, which returns once the whole
 # warpgroup's MMA has read it. Scale stores from the row layout write equal values.
-QUANTIZER_PARAMS = plgpu.CompilerParams(unsafe_no_auto_barriers=True, lowering_semantics=plgpu.LoweringSemantics.Lane)
+QUANTIZER_PARAMS = plgpu.CompilerParams(unsafe_no_auto_barriers=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -110,7 +110,7 @@ def _sr_rounding(key_rows, col0):
   def round_parts(c, scaled):
     ev, od = scaled
     bm = ev.shape[0]
-    i = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1), plgpu.Layout.WGMMA)
+    i = lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1)
     keys = lax.broadcast_in_dim(key_rows, (bm, INNER // 2), [0])
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
     return [stochastic_index(ev, low_bits(h)), stochastic_index(od, high_bits(h))]
@@ -352,7 +352,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
       j = j0 + jl
       if _math == "none":  # the input still arrives in SMEM by TMA; registers get only the row keys
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        raw = plgpu.layout_cast(lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1), plgpu.Layout.WGMMA)
+        raw = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
         if sr:
           raw = raw + lax.broadcast_in_dim(key_rows, (block, INNER // 2), [0])
         store_trivial_tile([raw] * (OUTER // INNER), block, *(o.at[slot] for o in outs_smem))
@@ -365,7 +365,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
 
       def mma(acc_ref):
         if f32_in:
-          xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA, optimized=False)  # no conflict-free f32 plan
+          xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
           for part in _split3(xf):
             split_smem[...] = part.astype(jnp.bfloat16)
             plgpu.commit_smem()
