@@ -101,3 +101,26 @@ def test_lowering_section_refuses_unknown_kernels(capsys):
   with pytest.raises(SystemExit) as e:
     lowering.main(["--kernels", "rtn_fp8"])
   assert e.value.code == 2 and "unknown ['rtn_fp8']" in capsys.readouterr().err
+
+
+def test_lowering_section_lowers_whole_steps_with_their_kernels():
+  """--steps lowers an arm's update for CUDA with the kernels' dispatch told it is on a Hopper GPU:
+  the FP4 arm's functions (both halves of its split update) call Mosaic modules, bf16's call none,
+  and the pretence ends with the section (this host's dispatch is back to XLA)."""
+  import jax
+
+  from tetrajet_jax.kernels import hopper_available
+
+  result = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2,tiny/bf16", "--layers", "1"])
+  fp4, bf16 = result["rows"]
+  assert fp4["step"] == "tiny/tetrajet_v2" and fp4["lower_s"] > 0
+  assert 0 < fp4["mosaic_modules"] <= fp4["mosaic_calls"]
+  assert bf16["mosaic_calls"] == 0
+  if jax.default_backend() == "cpu":
+    assert not hopper_available()
+
+
+def test_lowering_section_refuses_unknown_steps(capsys):
+  with pytest.raises(SystemExit) as e:
+    lowering.main(["--kernels", "", "--steps", "20m/fp8"])
+  assert e.value.code == 2 and "['20m/fp8'] are not MODEL/ARM" in capsys.readouterr().err

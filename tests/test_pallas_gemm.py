@@ -18,6 +18,7 @@ import pytest
 
 from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                             nvfp4_gemm)
+from tetrajet_jax.kernels import _platform
 from tetrajet_jax.kernels.nvfp4_gemm import gemm_k_splits
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
@@ -76,14 +77,16 @@ def test_gemm_split_k_interpret(rng, k_splits):
   np.testing.assert_allclose(np.asarray(out_bf16, np.float64), ref, rtol=2**-8, atol=1e-30)
 
 
-def test_gemm_k_splits_fill_the_sms(monkeypatch):
-  monkeypatch.setattr("tetrajet_jax.kernels._platform.num_sms", lambda interpret: 132)  # the H200
-  # Weight gradients of the 20m model over 32768 tokens (256 chunks; CTA tiles of 128 x 128):
-  assert gemm_k_splits(384, 384, 32768) == 8  # 9 tiles: 72 work items (16 would make 144 > 132)
-  assert gemm_k_splits(384, 2048, 32768) == 2  # 48 tiles: 96
-  assert gemm_k_splits(1024, 384, 32768) == 4  # 24 tiles: 96
-  assert gemm_k_splits(32768, 384, 384) == 1  # a forward GEMM: 768 tiles fill the SMs alone
-  assert gemm_k_splits(128, 128, 512) == 1  # 4 chunks: no part would keep 4
+def test_gemm_k_splits_fill_the_sms():
+  with _platform.assume_hopper(132):  # the H200
+    # Weight gradients of the 20m model over 32768 tokens (256 chunks; CTA tiles of 128 x 128):
+    assert gemm_k_splits(384, 384, 32768) == 8  # 9 tiles: 72 work items (16 would make 144 > 132)
+    assert gemm_k_splits(384, 2048, 32768) == 2  # 48 tiles: 96
+    assert gemm_k_splits(1024, 384, 32768) == 4  # 24 tiles: 96
+    assert gemm_k_splits(32768, 384, 384) == 1  # a forward GEMM: 768 tiles fill the SMs alone
+    assert gemm_k_splits(128, 128, 512) == 1  # 4 chunks: no part would keep 4
+  if jax.default_backend() == "cpu":  # the pretence ends with the block
+    assert not _platform.hopper_available() and _platform.num_sms(False) == 2
   a, b = operands(np.random.default_rng(0), 64, 512, 128)
   with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
     nvfp4_gemm(a, b, config=SMALL, k_splits=3, interpret=True)

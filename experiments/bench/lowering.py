@@ -1,6 +1,6 @@
 """Lowering section: how long each Pallas kernel takes to lower for Hopper, on this host.
 
-    python -m experiments.bench lowering [--kernels rtn_bf16,...] [--out FILE.json]
+    python -m experiments.bench lowering [--kernels rtn_bf16,...] [--steps 20m/tetrajet_v2,...] [--out FILE.json]
 
 A Mosaic GPU kernel is lowered in Python (its module emitted, layouts
 inferred) every time a jitted function that contains it is lowered, and that
@@ -11,6 +11,12 @@ CPUs or a laptop) and times each kernel at a training shape, beside XLA's
 own quantizer lowered for CUDA as the reference. On a GPU host it also times
 XLA's compile of the lowered function (where each Mosaic module becomes a
 binary).
+
+`--steps MODEL/ARM,...` lowers whole train steps the same way (blocks
+scanned, batch 32 x 1024, backend auto, the kernels' dispatch told it runs
+on a Hopper GPU: `kernels._platform.assume_hopper`): the lowering part of
+an FP4 step's compile time, on any host, with the number of Mosaic modules
+and of custom calls to them (one module can serve several calls).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 
 import jax
@@ -25,7 +32,10 @@ import jax.numpy as jnp
 
 from experiments.bench.timing import commit_id, write_result
 from tetrajet_jax import kernels
+from tetrajet_jax.kernels import _platform
+from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.numerics import quantize_nvfp4
+from tetrajet_jax.train.arms import ARMS
 
 SHAPE = (4096, 4096)  # rows x K: per-tile kernel bodies, so the size barely matters
 
@@ -68,25 +78,66 @@ def lower_seconds(name: str) -> dict:
   return row
 
 
+def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_size: int = 32,
+                       seq_len: int = 1024) -> dict:
+  """Wall time to lower each function of one update of `arm` (its train step, or both halves of
+  a split one) for CUDA, with its count of Mosaic GPU modules and calls."""
+  from experiments.bench import train_steps  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
+  spec = dict(model=model, arm=arm, backend="auto", scan_blocks=True, layers=layers, batch_size=batch_size,
+              seq_len=seq_len, vocab=16384, steps=2, warmup=2)
+  row = dict(step=f"{model}/{arm}", lower_s=0.0, mosaic_modules=0, mosaic_calls=0)
+  with _platform.assume_hopper():
+    trainer = train_steps.bench_trainer(spec)
+    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    batch = {"inputs": tokens, "targets": tokens}
+    params, rest = step_lib.without_params(trainer.state)
+    traced = ([trainer._step_fn().trace(trainer.state, batch)] if trainer._tx_osci is None  # pylint: disable=protected-access
+              else [trainer._step_fn().trace(params, rest, batch),  # pylint: disable=protected-access
+                    trainer._oscillation_fn().trace(params, rest, params)])  # pylint: disable=protected-access
+    for t in traced:
+      t0 = time.perf_counter()
+      text = t.lower(lowering_platforms=("cuda",)).as_text()
+      row["lower_s"] += time.perf_counter() - t0
+      calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+      row["mosaic_calls"] += len(calls)
+      row["mosaic_modules"] += len({re.search(r'kernel_hash = "(.*?)", module', line).group(1) for line in calls})
+  return row
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.bench lowering", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--kernels", default=",".join(KERNELS), help=f"comma list of {', '.join(KERNELS)}")
+  p.add_argument("--steps", default="", help="comma list of MODEL/ARM train steps to lower (e.g. 20m/tetrajet_v2)")
+  p.add_argument("--layers", type=int, default=None, help="--steps: blocks of the model (default: its own)")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
-  names = a.kernels.split(",")
+  names = a.kernels.split(",") if a.kernels else []
   bad = [n for n in names if n not in KERNELS]
   if bad:
     p.error(f"--kernels: unknown {bad}; known: {', '.join(KERNELS)}")
+  steps = [s.split("/") for s in a.steps.split(",")] if a.steps else []
+  bad = [s for s in steps if len(s) != 2 or s[0] not in CONFIGS or s[1] not in ARMS]
+  if bad:
+    p.error(f"--steps: {['/'.join(s) for s in bad]} are not MODEL/ARM with MODEL in {', '.join(CONFIGS)} and ARM "
+            f"in {', '.join(ARMS)}")
   rows = []
   for name in names:
     rows.append(lower_seconds(name))
+    print(json.dumps(rows[-1]), flush=True)
+  for model, arm in steps:
+    rows.append(step_lower_seconds(model, arm, layers=a.layers))
     print(json.dumps(rows[-1]), flush=True)
   result = dict(kind="lowering", host_cpus=os.cpu_count(), commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 shape=list(SHAPE), rows=rows)
   print(f"lowering for CUDA on this host ({os.cpu_count()} CPUs), commit {result['commit']}, shape {SHAPE}:")
   for r in rows:
+    if "step" in r:
+      print(f"  {r['step'] + ' step':<28} {r['lower_s']:7.1f} s  {r['mosaic_modules']} Mosaic modules in "
+            f"{r['mosaic_calls']} calls")
+      continue
     compiled = f"  then {r['compile_s']:.1f} s XLA compile on the GPU" if "compile_s" in r else ""
-    print(f"  {r['kernel']:<20} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars{compiled}")
+    print(f"  {r['kernel']:<28} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars{compiled}")
   write_result(a.out, result)
   return result

@@ -27,9 +27,17 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 QUANTIZER_PARAMS = plgpu.CompilerParams(unsafe_no_auto_barriers=True)
 
 
-@functools.lru_cache(maxsize=None)
+# Set by `assume_hopper`: the SM count of the Hopper GPU a lowering-only process pretends to have.
+_assumed_sms: int | None = None
+
+
 def hopper_available() -> bool:
-  """True when the default JAX device is a CUDA GPU of compute capability 9.x."""
+  """True when the default JAX device is a CUDA GPU of compute capability 9.x (or `assume_hopper`)."""
+  return _assumed_sms is not None or _device_is_hopper()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_is_hopper() -> bool:
   try:
     dev = jax.devices()[0]
   except RuntimeError:
@@ -40,12 +48,28 @@ def hopper_available() -> bool:
   return cc.startswith("9.")
 
 
-@functools.lru_cache(maxsize=None)
 def num_sms(interpret: bool) -> int:
   """Streaming multiprocessors to launch persistent grids over (2 when interpreting)."""
-  if interpret or not hopper_available():
+  if interpret:
     return 2
-  return int(jax.devices()[0].core_count)
+  if _assumed_sms is not None:
+    return _assumed_sms
+  return int(jax.devices()[0].core_count) if _device_is_hopper() else 2
+
+
+@contextlib.contextmanager
+def assume_hopper(sms: int = 132):
+  """For lowering only: inside, the layer's dispatch takes the device for a Hopper GPU with
+  `sms` SMs (132: H100 SXM, H200), so a whole train step can be lowered for CUDA
+  (`.lower(lowering_platforms=("cuda",))`) with its kernels on a host without one, e.g. to
+  time Mosaic lowering (`python -m experiments.bench lowering --steps`). Nothing built
+  inside may run. Kernel wrappers traced earlier in the process keep the SM count they saw."""
+  global _assumed_sms  # pylint: disable=global-statement
+  before, _assumed_sms = _assumed_sms, sms
+  try:
+    yield
+  finally:
+    _assumed_sms = before
 
 
 def one_lowering_per_instance(*static_argnames: str):
