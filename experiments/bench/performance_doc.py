@@ -29,8 +29,11 @@ INTRO = """# Performance
 Every figure below is a ratio to a baseline timed in the same process on the
 same device (the bf16 XLA dot, the bf16 linear layer, the bf16 train step with
 the same attention, or a copy of the quantizer's input), rendered from the raw
-JSON named above each table. Reproduce on a GPU host with
-`scripts/gpu_suite.sh` (stages `kbench_*` and `bench_train`) or directly:
+JSON named above each table. Reproduce on a GPU host with one command,
+`python -m experiments.bench all --out-dir DIR --doc docs/PERFORMANCE.md`
+(every section below in turn, each in its own process, then this document
+from the files it wrote), with `scripts/gpu_suite.sh` (stages `kbench_*` and
+`bench_train`), or section by section:
 
 - `python -m experiments.bench kernels`: quantizer kernels against a copy of
   the same bytes, GEMMs against XLA's bf16 dot, the linear layer's forward +
