@@ -28,7 +28,7 @@ from tetrajet_jax.train.schedule import Schedule
 
 def _loss_and_grads(params: Any, model_vars: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef,
                     mesh: jax.sharding.Mesh, z_loss: float, param_shardings: Any):
-  """(loss, aux, the model's new non-parameter variables, gradients) of one batch."""
+  """(the model's new non-parameter variables, gradients, loss metrics) of one batch."""
   def loss_of(p):
     model = nnx.merge(graphdef, sharding_lib.gather_for_compute(p, mesh), model_vars)
     logits = sharding_lib.constrain_activations(model(batch["inputs"]), mesh)

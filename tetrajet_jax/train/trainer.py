@@ -297,9 +297,9 @@ class Trainer:
           if self._tx_osci is None:
             lowered["train", g] = self._step_fn().lower(self.state, batch)
           else:  # the updates have the parameters' shapes and placement
-            params, rest = step_lib.without_params(self.state)
-            lowered["train", g] = self._step_fn().lower(params, rest, batch)
-            lowered["oscillation", g] = self._oscillation_fn().lower(params, rest, params)
+            p, rest = step_lib.without_params(self.state)
+            lowered["train", g] = self._step_fn().lower(p, rest, batch)
+            lowered["oscillation", g] = self._oscillation_fn().lower(p, rest, p)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
           lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
         if evaluation and phase == final_phase:
