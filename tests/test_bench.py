@@ -151,9 +151,11 @@ def test_quantizer_jobs_check_then_time_every_variant(interpreted_kernels):
   bench.run_jobs(rows, log, bench.quantizer_jobs([(64, 256)]))
   assert [r["name"] for r in rows] == [
       "xla quantize_nvfp4 bfloat16", "pallas rtn bfloat16 rows64_s2", "pallas rtn bfloat16 rows64_s2 +operand",
+      "pallas rtn bfloat16 rows64_s2 lane semantics",
       "pallas rtn bfloat16 rows64_s2 division=hardware (timing only, inexact)",
       "pallas rtn bfloat16 rows64_s2 load+store only (ceiling)",
-      "xla quantize_nvfp4 float32", "pallas rtn float32 rows64_s2", "pallas rtn float32 rows64_s2 +operand"]
+      "xla quantize_nvfp4 float32", "pallas rtn float32 rows64_s2", "pallas rtn float32 rows64_s2 +operand",
+      "pallas rtn float32 rows64_s2 lane semantics"]
   assert all(r["ok"] for r in rows), log.getvalue()
   for r in rows:
     assert {"kind", "name", "shape", "ms", "gbps", "vs_copy", "vs_xla"} <= set(r) and r["vs_xla"] == 1.0
@@ -185,8 +187,10 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   bench.run_jobs(rows, log, bench.backward_quantizer_jobs([(64, 256)]))
   assert all(r["ok"] for r in rows), log.getvalue() + str([r for r in rows if not r["ok"]])
   names = [r["name"] for r in rows]
-  # Per dtype and axis: XLA, the kernel, +operand, tiles from registers (checked bitwise against the kernel).
-  assert len(names) == 2 * 2 * 4 + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  # Per dtype and axis: XLA, the kernel, +operand, tiles from registers and lane semantics (both checked
+  # bitwise against the kernel).
+  assert len(names) == 2 * 2 * 5 + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  assert "pallas rht+sr bfloat16 axis=0 lane semantics" in names
   assert "pallas rht+sr float32 axis=0 tiles from registers (unrolled, larger module)" in names
   assert "pallas rht+sr bfloat16 axis=-1 division=hardware (timing only, inexact)" in names
 

@@ -290,8 +290,29 @@ def test_lowers_for_hopper(dtype, axis):
     jax.jit(f).trace(spec).lower(lowering_platforms=("cuda",))
 
 
+@pytest.mark.parametrize("dtype,axis", [(jnp.float32, -1), (jnp.float32, 0), (jnp.bfloat16, -1), (jnp.bfloat16, 0)])
+def test_lane_semantics_lowers_for_hopper(dtype, axis):
+  """The same kernel under Mosaic GPU's lane semantics (no layout inference) lowers for CUDA on
+  the CPU in TetraJet's and NVIDIA's modes, with both tile sources and the memory-ceiling variant."""
+  shape = (256, 512) if axis == -1 else (512, 128)
+  spec, scale, signs = jax.ShapeDtypeStruct(shape, dtype), jnp.float32(0.5), jnp.ones((16,))
+  for f in (lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, emit_operand=True,
+                                              _semantics="lane")[0].codes,
+            lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, _tile_source="registers",
+                                              _semantics="lane").codes,
+            lambda v: quantize_nvfp4_backward(v, None, jnp.uint32(0), axis=axis, tensor_scale=scale,
+                                              _semantics="lane").codes,
+            lambda v: quantize_nvfp4_backward(v, signs, None, axis=axis, rounding="nearest", tensor_scale=scale,
+                                              _semantics="lane").codes,
+            lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, _math="none",
+                                              _semantics="lane").codes):
+    jax.jit(f).trace(spec).lower(lowering_platforms=("cuda",))
+
+
 def test_rejects_bad_arguments():
   s, z = jnp.ones((16,)), jnp.uint32(0)
+  with pytest.raises(ValueError, match="unknown lowering semantics 'thread'"):
+    quantize_nvfp4_backward(jnp.zeros((64, 128)), s, z, _semantics="thread")
   with pytest.raises(ValueError, match="cols % 128"):
     quantize_nvfp4_backward(jnp.zeros((64, 100)), s, z, axis=-1)
   with pytest.raises(ValueError, match="rows % 64"):
@@ -342,6 +363,22 @@ def test_backward_quantizer_gpu(rng, key, dtype, shape):
     for a, b in zip(jax.tree.leaves(tr), jax.tree.leaves(t)):
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert can_use_pallas_backward_quantizer(shape, dtype, axis=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_lane_semantics_is_bitwise_the_default_gpu(rng, key, dtype):
+  """Lowered under lane semantics, the kernel computes the same bits as under warpgroup semantics
+  (the default): both axes, SR after the RHT, and NVIDIA's tensor-scaled RTN after it."""
+  xl = hard_input(rng, (4096, 1024), dtype, nonfinite=True)
+  signs, seed = hadamard_signs(key), sr_seed(jax.random.fold_in(key, 5))
+  scale = jnp.float32(0.25)
+  for axis, x in ((-1, xl), (0, xl.T)):
+    for kw in (dict(seed=seed), dict(seed=None, rounding="nearest", tensor_scale=scale)):
+      f = lambda v, sem, axis=axis, kw=kw: quantize_nvfp4_backward(v, signs, axis=axis, _semantics=sem, **kw)
+      lane, default = jax.jit(lambda v: f(v, "lane"))(x), jax.jit(lambda v: f(v, "warpgroup"))(x)
+      for a, b in zip(jax.tree.leaves(lane), jax.tree.leaves(default)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert can_use_pallas_backward_quantizer(shape[::-1], dtype, axis=0)
 
 

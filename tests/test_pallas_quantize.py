@@ -107,6 +107,8 @@ def test_rtn_rejects_bad_shapes():
     quantize_nvfp4_rtn(jnp.zeros((64, 128), jnp.float32), packing="pairs", interpret=True)
   with pytest.raises(ValueError, match="k_splits=3 must be a positive divisor"):
     quantize_nvfp4_rtn(jnp.zeros((64, 512), jnp.float32), k_splits=3, interpret=True)
+  with pytest.raises(ValueError, match="unknown lowering semantics 'thread'"):
+    quantize_nvfp4_rtn(jnp.zeros((64, 128), jnp.float32), _semantics="thread")
 
 
 def test_can_use_is_false_off_hopper():
@@ -126,6 +128,19 @@ def test_rtn_bitwise_gpu(rng, dtype, shape):
   np.testing.assert_array_equal(_bits(qs), _bits(nvfp4_bf16_operand(want)[0]))
   assert_reference(t, x)
   assert can_use_pallas_quantizer(shape, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rtn_lane_semantics_is_bitwise_the_default_gpu(rng, dtype):
+  """Lowered under lane semantics, the RTN kernel computes the same bits as under warpgroup
+  semantics (the default), with its operand and under a tensor scale."""
+  x = hard_input(rng, (4096, 1024), dtype)
+  for scale in (None, jnp.float32(0.25)):
+    f = lambda v, sem, scale=scale: quantize_nvfp4_rtn(v, scale, emit_operand=True, _semantics=sem)
+    lane, default = jax.jit(lambda v: f(v, "lane"))(x), jax.jit(lambda v: f(v, "warpgroup"))(x)
+    for a, b in zip(jax.tree.leaves(lane), jax.tree.leaves(default)):
+      np.testing.assert_array_equal(_bits(a), _bits(b))
 
 
 @pytest.mark.gpu
@@ -153,3 +168,7 @@ def test_rtn_lowers_for_hopper(dtype, monkeypatch):
   assert len(modules) == 2
   # The tensor-scaled instance (NVIDIA's Q1) lowers too.
   jax.jit(lambda v: quantize_nvfp4_rtn(v, jnp.float32(0.5)).codes).trace(spec).lower(lowering_platforms=("cuda",))
+  # Under lane semantics (no layout inference) too, double-block and tensor-scaled.
+  for scale in (None, jnp.float32(0.5)):
+    jax.jit(lambda v, scale=scale: quantize_nvfp4_rtn(v, scale, emit_operand=True, _semantics="lane")[0].codes).trace(
+        spec).lower(lowering_platforms=("cuda",))

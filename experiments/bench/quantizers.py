@@ -53,6 +53,19 @@ ATTRIBUTION = (
 )
 
 
+# The default kernel lowered under Mosaic GPU's lane semantics (`kernels._platform.quantizer_params`):
+# faster to lower; these rows check it bitwise against the default and time it.
+LANE_SUFFIX = " lane semantics"
+
+
+def _same_as(ref_key):
+  """A variant that must be bitwise the default kernel's output (ref_key's)."""
+  def check(out, outs):
+    return None if ref_key in outs and _tensors_equal(out, outs[ref_key]) else \
+        f"MISMATCH vs {' '.join(map(str, ref_key))}"
+  return check
+
+
 def _inexact_check(ref_key):
   """The hardware-division variant is not bitwise (that is what it measures):
   >= 99% of its codes must equal the exact kernel's, or it is not timed."""
@@ -104,9 +117,13 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
       jobs.append(Job(key, lambda v, emit=emit: quantize_nvfp4_rtn(v, emit_operand=emit), (x,), check=check,
                       row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla, emit=emit: _quant_row(
                           key[0], key[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
+    exact = (f"pallas rtn {dname} rows64_s2", shape)
+    lane = (exact[0] + LANE_SUFFIX, shape)
+    jobs.append(Job(lane, lambda v: quantize_nvfp4_rtn(v, _semantics="lane"), (x,), check=_same_as(exact),
+                    row=lambda dt, out, times, lane=lane, nb=nb, bw=bw, xla=xla: _quant_row(
+                        lane[0], lane[1], dt, nb, bw(times), times[xla])))
     _label(jobs, start, f"rtn {dname}")
     if dtype == jnp.bfloat16:
-      exact = (f"pallas rtn {dname} rows64_s2", shape)
       for suffix, knobs in ATTRIBUTION:
         key = (exact[0] + suffix, shape)
         jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn(v, **knobs), (x,),
@@ -189,10 +206,15 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
       jobs.append(Job(rk, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
                                                                             _tile_source="registers"),
                       (x, signs, jnp.uint32(4)),
-                      check=lambda out, outs, exact=exact: None if exact in outs and _tensors_equal(
-                          out, outs[exact]) else "MISMATCH vs the SMEM tile source",
+                      check=_same_as(exact),
                       row=lambda dt, out, times, rk=rk, nb=nb, bw=bw, xla=xla: _quant_row(
                           rk[0], rk[1], dt, nb, bw(times), times[xla])))
+      lane = (exact[0] + LANE_SUFFIX, shape)
+      jobs.append(Job(lane, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
+                                                                              _semantics="lane"),
+                      (x, signs, jnp.uint32(4)), check=_same_as(exact),
+                      row=lambda dt, out, times, lane=lane, nb=nb, bw=bw, xla=xla: _quant_row(
+                          lane[0], lane[1], dt, nb, bw(times), times[xla])))
       if dtype == jnp.bfloat16 and axis == -1:
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)

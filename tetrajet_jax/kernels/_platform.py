@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Literal
 
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -24,7 +25,22 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 # only after a `wait_smem_to_gmem` (which also ends in a warpgroup barrier); the wgmma
 # operand buffer is rewritten only after `wgmma_wait`, which returns once the whole
 # warpgroup's MMA has read it. Scale stores from the row layout write equal values.
-QUANTIZER_PARAMS = plgpu.CompilerParams(unsafe_no_auto_barriers=True)
+#
+# Lowering semantics: "warpgroup" (Pallas's default in JAX 0.11) runs Mosaic GPU's layout
+# inference, about half of the kernels' lowering time; "lane" skips it, as every value the
+# kernels compute already has an explicit layout. Lane lowers the quantizers 2-4x faster on
+# the CPU; it stays a knob (`_semantics`) until it is checked bitwise and timed on the GPU
+# (`experiments.bench kernels --only quant,bwdquant` has its rows).
+Semantics = Literal["warpgroup", "lane"]
+DEFAULT_SEMANTICS: Semantics = "warpgroup"
+_SEMANTICS = {"warpgroup": plgpu.LoweringSemantics.Warpgroup, "lane": plgpu.LoweringSemantics.Lane}
+
+
+def quantizer_params(semantics: Semantics = DEFAULT_SEMANTICS) -> plgpu.CompilerParams:
+  """The quantizer kernels' compiler parameters (see above)."""
+  if semantics not in _SEMANTICS:
+    raise ValueError(f"unknown lowering semantics {semantics!r}; use one of {', '.join(_SEMANTICS)}.")
+  return plgpu.CompilerParams(unsafe_no_auto_barriers=True, lowering_semantics=_SEMANTICS[semantics])
 
 
 # Set by `assume_hopper`: the SM count of the Hopper GPU a lowering-only process pretends to have.

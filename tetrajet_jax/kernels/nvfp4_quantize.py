@@ -244,12 +244,13 @@ def _quantize_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *qs_refs, packing: P
 
 
 def _check_rtn_args(x, tensor_scale, block_rows: int, packing: Packing | None, division: Division,
-                    math: Math) -> Packing:
+                    math: Math, semantics: _platform.Semantics) -> Packing:
   """`quantize_nvfp4_rtn`'s argument checks, before any compute; returns the packing to use."""
   _check_input(x, block_rows, "quantize_nvfp4_rtn")
   check_tensor_scale(tensor_scale, "quantize_nvfp4_rtn")
   if division not in ("exact", "hardware") or math not in ("full", "none"):
     raise ValueError(f"quantize_nvfp4_rtn: unknown _division={division!r} / _math={math!r}.")
+  _platform.quantizer_params(semantics)  # an unknown name raises
   if packing is None:
     packing = "pairs" if x.dtype == jnp.bfloat16 else "xla"
   if packing == "pairs" and x.dtype != jnp.bfloat16:
@@ -260,11 +261,11 @@ def _check_rtn_args(x, tensor_scale, block_rows: int, packing: Packing | None, d
 
 
 @_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
-                                     "interpret", "_division", "_math")
+                                     "interpret", "_division", "_math", "_semantics")
 def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, block_rows: int = 64,
                        max_concurrent_steps: int = 2, packing: Packing | None = None, emit_operand: bool = False,
                        k_splits: int | None = None, interpret: bool = False, _division: Division = "exact",
-                       _math: Math = "full"):
+                       _math: Math = "full", _semantics: _platform.Semantics = _platform.DEFAULT_SEMANTICS):
   """Pallas RTN NVFP4 quantization of a 2-D array along its last axis.
 
   Args:
@@ -288,13 +289,15 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
       element by its scale with the plain x / s (scales stay exact);
       _math="none" keeps grid, pipeline, loads and stores but writes input
       bits and constant scales (the kernel's memory ceiling).
+    _semantics: Mosaic GPU's lowering semantics, "warpgroup" or "lane"
+      (`_platform.quantizer_params`): the same kernel, lowered faster by lane.
 
   Returns:
     NVFP4Tensor bitwise equal to quantize_nvfp4(x, axis=-1) (with
     tensor_scale: quantize_nvfp4(x, axis=-1, scaling="tensor")); with
     emit_operand, (tensor, qs_bf16).
   """
-  packing = _check_rtn_args(x, tensor_scale, block_rows, packing, _division, _math)
+  packing = _check_rtn_args(x, tensor_scale, block_rows, packing, _division, _math, _semantics)
   r, k = x.shape
   kb = k // OUTER
   pairs = packing == "pairs"
@@ -351,7 +354,7 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
     scratch += row_vector_scratch(block_rows)
     args += (jnp.broadcast_to(tensor_scale.astype(jnp.float32), (1, block_rows)),)
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block_rows, splits), grid_names=("rows", "k"),
-                      scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
+                      scratch_types=scratch, compiler_params=_platform.quantizer_params(_semantics))
   with _platform.interpret_context(interpret):
     outs = call(*args)
   codes, s_in_t, s_out_t = outs[:3]

@@ -110,7 +110,7 @@ def _sr_rounding(key_rows, col0):
   def round_parts(c, scaled):
     ev, od = scaled
     bm = ev.shape[0]
-    i = lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1)
+    i = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1), plgpu.Layout.WGMMA)
     keys = lax.broadcast_in_dim(key_rows, (bm, INNER // 2), [0])
     h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
     return [stochastic_index(ev, low_bits(h)), stochastic_index(od, high_bits(h))]
@@ -118,7 +118,7 @@ def _sr_rounding(key_rows, col0):
 
 
 def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source,
-                   rounding="stochastic", tensor_scale=None, name="quantize_nvfp4_backward"):
+                   rounding="stochastic", tensor_scale=None, _semantics=_platform.DEFAULT_SEMANTICS, name="quantize_nvfp4_backward"):
   """Validates `quantize_nvfp4_backward`'s arguments (ValueError says what to change) and returns
   (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
   tokens to a multiple of 128."""
@@ -146,6 +146,7 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
   if (_division not in ("exact", "hardware") or _math not in ("full", "none")
       or _tile_source not in ("smem", "registers")):
     raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
+  _platform.quantizer_params(_semantics)  # an unknown name raises
   if _math == "none" and emit_transformed:
     raise ValueError(f"{name}: _math='none' computes no transform to emit.")
   shape = tuple(x.shape)
@@ -207,7 +208,8 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
                             rounding: Rounding = "stochastic", tensor_scale: jax.Array | None = None,
                             block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
                             emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                            _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem"):
+                            _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "smem",
+                            _semantics: _platform.Semantics = _platform.DEFAULT_SEMANTICS):
   """The backward quantizer of a 2-D array in one pass: RHT-16 (or none), NVFP4 scales
   (double-block, or under a given per-tensor scale), stochastic rounding (or RTN).
 
@@ -251,6 +253,8 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
       from the accumulator, the eight inner blocks unrolled: no SMEM round
       trip and no 32 KiB y buffer, a larger module). Same results bitwise;
       `python -m experiments.bench kernels --only bwdquant` times both.
+    _semantics: Mosaic GPU's lowering semantics, "warpgroup" or "lane"
+      (`_platform.quantizer_params`): the same kernel, lowered faster by lane.
 
   Returns:
     NVFP4Tensor equal to `quantize_nvfp4(y, axis=-1, rounding=rounding,
@@ -265,7 +269,7 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
   return _backward_instance(x, signs_16, seed, tensor_scale, axis=axis, rounding=rounding, amax_only=False,
                             block=block, max_concurrent_steps=max_concurrent_steps, emit_operand=emit_operand,
                             emit_transformed=emit_transformed, k_splits=k_splits, interpret=interpret,
-                            _division=_division, _math=_math, _tile_source=_tile_source)
+                            _division=_division, _math=_math, _tile_source=_tile_source, _semantics=_semantics)
 
 
 def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1, block: int = 64,
@@ -277,21 +281,22 @@ def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1
   amax = _backward_instance(x, signs_16, None, None, axis=axis, rounding="nearest", amax_only=True, block=block,
                             max_concurrent_steps=max_concurrent_steps, emit_operand=False, emit_transformed=False,
                             k_splits=k_splits, interpret=interpret, _division="exact", _math="full",
-                            _tile_source="registers")
+                            _tile_source="registers", _semantics=_platform.DEFAULT_SEMANTICS)
   return jnp.max(amax)
 
 
 @_platform.one_lowering_per_instance("axis", "rounding", "amax_only", "block", "max_concurrent_steps", "emit_operand",
-                                     "emit_transformed", "k_splits", "interpret", "_division", "_math", "_tile_source")
+                                     "emit_transformed", "k_splits", "interpret", "_division", "_math", "_tile_source",
+                                     "_semantics")
 def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: Rounding, amax_only: bool,
                        block: int, max_concurrent_steps: int, emit_operand: bool, emit_transformed: bool,
                        k_splits: int | None, interpret: bool, _division: Division, _math: Math,
-                       _tile_source: TileSource):
+                       _tile_source: TileSource, _semantics: _platform.Semantics):
   """The kernel instance behind `quantize_nvfp4_backward` and `transformed_amax` (amax_only)."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
   x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
                                  _division=_division, _math=_math, _tile_source=_tile_source, rounding=rounding,
-                                 tensor_scale=tensor_scale,
+                                 tensor_scale=tensor_scale, _semantics=_semantics,
                                  name="transformed_amax" if amax_only else "quantize_nvfp4_backward")
   sr = rounding == "stochastic"
   tensor = tensor_scale is not None
@@ -352,7 +357,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
       j = j0 + jl
       if _math == "none":  # the input still arrives in SMEM by TMA; registers get only the row keys
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        raw = lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1)
+        raw = plgpu.layout_cast(lax.broadcasted_iota(jnp.uint32, (block, INNER // 2), 1), plgpu.Layout.WGMMA)
         if sr:
           raw = raw + lax.broadcast_in_dim(key_rows, (block, INNER // 2), [0])
         store_trivial_tile([raw] * (OUTER // INNER), block, *(o.at[slot] for o in outs_smem))
@@ -365,7 +370,8 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
 
       def mma(acc_ref):
         if f32_in:
-          xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
+          # Lane semantics finds no bank-conflict-free transfer plan for this f32 tile.
+          xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA, optimized=_semantics == "warpgroup")
           for part in _split3(xf):
             split_smem[...] = part.astype(jnp.bfloat16)
             plgpu.commit_smem()
@@ -422,7 +428,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
   if f32_in:  # one bf16 part of the hi/mid/lo split at a time
     scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
-                      scratch_types=scratch, compiler_params=_platform.QUANTIZER_PARAMS)
+                      scratch_types=scratch, compiler_params=_platform.quantizer_params(_semantics))
   with _platform.interpret_context(interpret):
     outs = call(*inputs)
   if amax_only:
