@@ -78,7 +78,7 @@ done
 stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --models "${TRAIN_MODELS:-20m}" \
   --arms "${TRAIN_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --backend "${TRAIN_BACKEND:-auto}" \
   --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" ${TRAIN_LAYERS:+--layers "$TRAIN_LAYERS"} \
-  ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} \
+  ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} ${TRAIN_SEMANTICS:+--quantizer-semantics "$TRAIN_SEMANTICS"} \
   --out "$OUT/bench_train.json"
 # Where one arm's step spends its GPU time, per part and per instruction (one process per arm).
 for arm in ${PROFILE_ARMS:-bf16 tetrajet_v2}; do

@@ -124,3 +124,24 @@ def test_lowering_section_refuses_unknown_steps(capsys):
   with pytest.raises(SystemExit) as e:
     lowering.main(["--kernels", "", "--steps", "20m/fp8"])
   assert e.value.code == 2 and "['20m/fp8'] are not MODEL/ARM" in capsys.readouterr().err
+
+
+def test_quantizer_semantics_runs_each_quantized_arm_per_semantics(capsys):
+  _, specs = train_steps.parse_args(["--models", "tiny", "--arms", "tetrajet_v2", "--quantizer-semantics",
+                                     "warpgroup,lane"])
+  assert [(s["arm"], s["quantizer_semantics"]) for s in specs] == [
+      ("bf16", None), ("tetrajet_v2", "warpgroup"), ("tetrajet_v2", "lane")]
+  with pytest.raises(SystemExit) as e:
+    train_steps.parse_args(["--models", "tiny", "--quantizer-semantics", "thread"])
+  assert e.value.code == 2 and "unknown ['thread']" in capsys.readouterr().err
+
+
+def test_the_chosen_semantics_reaches_the_worker():
+  """The worker checks that its kernels lower with the semantics asked for (set through the
+  environment before it imports them), and the table labels the row with it."""
+  spec = dict(model="tiny", arm="bf16", backend="xla", scan_blocks=None, layers=1, batch_size=2, seq_len=64,
+              vocab=64, steps=2, warmup=2, quantizer_semantics="lane")
+  row = train_steps.run_arm(spec)
+  assert "error" not in row, row
+  assert row["quantizer_semantics"] == "lane"
+  assert "| tiny | bf16 (lane semantics) |" in train_steps.table(dict(rows=train_steps.with_ratios([row])))

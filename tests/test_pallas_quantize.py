@@ -172,3 +172,19 @@ def test_rtn_lowers_for_hopper(dtype, monkeypatch):
   for scale in (None, jnp.float32(0.5)):
     jax.jit(lambda v, scale=scale: quantize_nvfp4_rtn(v, scale, emit_operand=True, _semantics="lane")[0].codes).trace(
         spec).lower(lowering_platforms=("cuda",))
+
+
+def test_semantics_from_the_environment_is_checked_at_import():
+  """TETRAJET_QUANTIZER_SEMANTICS sets the kernels' default lowering semantics for a process; an
+  unknown value stops the import with a message that names the choices."""
+  import os
+  import subprocess
+  import sys
+
+  probe = "from tetrajet_jax.kernels import _platform; print(_platform.DEFAULT_SEMANTICS)"
+  run = lambda value: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
+                                     env={**os.environ, "TETRAJET_QUANTIZER_SEMANTICS": value})
+  ok = run("lane")
+  assert ok.returncode == 0 and ok.stdout.strip() == "lane", ok.stderr
+  bad = run("thread")
+  assert bad.returncode != 0 and "TETRAJET_QUANTIZER_SEMANTICS='thread': use one of warpgroup, lane" in bad.stderr

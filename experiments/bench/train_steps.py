@@ -3,7 +3,7 @@
     python -m experiments.bench train [--models 20m,70m] [--arms bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full]
                                       [--backend auto] [--scan-blocks default|on|off]
                                       [--batch-size 32] [--seq-len 1024] [--steps 20] [--out FILE.json]
-                                      [--no-oscillation-monitor]
+                                      [--no-oscillation-monitor] [--quantizer-semantics warpgroup,lane]
 
 Each (model, arm) runs in its own process, one after the other, through the
 real `Trainer` (its data pipeline, its one-step-ahead loop, its attention
@@ -28,6 +28,10 @@ second of the two functions of a split update (docs/TRAINING.md), compiled
 in parallel with the first and timed with it; `--no-oscillation-monitor`
 measures the arm without it.
 
+`--quantizer-semantics warpgroup,lane` runs each quantized arm once per
+lowering semantics of the quantizer kernels (`kernels._platform`), so the
+compile time and speed of both are measured against the same bf16 row.
+
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +50,7 @@ import jax.monitoring
 import numpy as np
 
 from experiments.bench.timing import commit_id, device_name, write_result
+from tetrajet_jax.kernels import _platform
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train import TrainConfig, TrainData, Trainer
@@ -81,6 +87,10 @@ def bench_trainer(spec: dict) -> Trainer:
 
 def measure(spec: dict) -> dict:
   """One arm's figures, in this process (the worker side)."""
+  sem = spec.get("quantizer_semantics")
+  if sem and _platform.DEFAULT_SEMANTICS != sem:
+    raise RuntimeError(f"the quantizer kernels lower with {_platform.DEFAULT_SEMANTICS!r} semantics, not {sem!r}: "
+                       f"{_platform.SEMANTICS_ENV} did not reach this process")
   trainer = bench_trainer(spec)
   stages = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
 
@@ -100,7 +110,8 @@ def measure(spec: dict) -> dict:
   last = trainer.history[-1]
   stats = jax.devices()[0].memory_stats() or {}
   peak = stats.get("peak_bytes_in_use")
-  return dict(kind="train", model=spec["model"], arm=spec["arm"], phases=phases, compile_s=compile_s,
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
+              phases=phases, compile_s=compile_s,
               compile_stages=stages, warmup_s=warmup_s,
               tokens_per_s=last["perf/tokens_per_s"], model_tflops_per_s=last["perf/model_tflops_per_s"],
               step_ms=last["perf/step_time_s"] * 1e3, peak_gib=None if peak is None else peak / 2**30,
@@ -110,13 +121,17 @@ def measure(spec: dict) -> dict:
 
 def run_arm(spec: dict) -> dict:
   """`measure` in a fresh process; a failure becomes a row with its error (the other arms go on)."""
+  env = dict(os.environ)
+  if spec.get("quantizer_semantics"):  # the kernels read their default at import, in the worker
+    env[_platform.SEMANTICS_ENV] = spec["quantizer_semantics"]
   proc = subprocess.run([sys.executable, "-m", "experiments.bench.train_steps", json.dumps(spec)],
-                        capture_output=True, text=True, check=False)
+                        capture_output=True, text=True, check=False, env=env)
   for line in proc.stdout.splitlines():
     if line.startswith(RESULT_TAG):
       return json.loads(line[len(RESULT_TAG):])
   tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-  return dict(kind="train", model=spec["model"], arm=spec["arm"], error=f"rc {proc.returncode}: {' | '.join(tail)}"[:400])
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
+              error=f"rc {proc.returncode}: {' | '.join(tail)}"[:400])
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -130,18 +145,24 @@ def with_ratios(rows: list[dict]) -> list[dict]:
   return rows
 
 
+def _label(row: dict) -> str:
+  """The arm, with the quantizer kernels' lowering semantics where the run chose one."""
+  sem = row.get("quantizer_semantics")
+  return row["arm"] + (f" ({sem} semantics)" if sem else "")
+
+
 def table(result: dict) -> str:
   """The rows as a markdown table (also what docs/PERFORMANCE.md shows)."""
   lines = ["| model | arm | tokens/s | vs bf16 | model TFLOP/s | compile s | vs bf16 | of which lowering s | peak GiB |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     if "error" in r:
-      lines.append(f"| {r['model']} | {r['arm']} | failed: {r['error']} | | | | | | |")
+      lines.append(f"| {r['model']} | {_label(r)} | failed: {r['error']} | | | | | | |")
       continue
     peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
     lowering = r.get("compile_stages", {}).get("lower_s")  # absent in files written before it was measured
     lowering = "-" if lowering is None else f"{lowering:.1f}"
-    lines.append(f"| {r['model']} | {r['arm']} | {r['tokens_per_s']:,.0f} | {r['vs_bf16_tokens_per_s']:.2f}x | "
+    lines.append(f"| {r['model']} | {_label(r)} | {r['tokens_per_s']:,.0f} | {r['vs_bf16_tokens_per_s']:.2f}x | "
                  f"{r['model_tflops_per_s']:.1f} | {r['compile_s']:.1f} | {r['vs_bf16_compile']:.1f}x | {lowering} | {peak} |")
   return "\n".join(lines)
 
@@ -159,6 +180,9 @@ def parse_args(argv):
   p.add_argument("--no-oscillation-monitor", action="store_true",
                  help="quantized arms without OsciReset skip the oscillation monitor (TrainConfig."
                       "monitor_oscillation=False), which quantizes every weight twice in XLA inside the step")
+  p.add_argument("--quantizer-semantics", default="",
+                 help="comma list of warpgroup,lane: each quantized arm once per lowering semantics of the "
+                      "quantizer kernels (kernels._platform; default: the kernels' default, unlabelled)")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--vocab", type=int, default=16384, help="vocabulary of the random tokens (the BPE's size)")
@@ -175,11 +199,15 @@ def parse_args(argv):
     p.error("--warmup and --steps must be >= 2 (the first timed step only starts the clock)")
   if not 0 < a.vocab <= 2**16:
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
+  semantics = a.quantizer_semantics.split(",") if a.quantizer_semantics else [None]
+  bad = [v for v in semantics if v is not None and v not in ("warpgroup", "lane")]
+  if bad:
+    p.error(f"--quantizer-semantics: unknown {bad}; known: warpgroup, lane")
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
   specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
-                monitor_oscillation=not a.no_oscillation_monitor,
+                monitor_oscillation=not a.no_oscillation_monitor, quantizer_semantics=sem,
                 batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup)
-           for model in models for arm in arms]
+           for model in models for arm in arms for sem in ([None] if arm == "bf16" else semantics)]
   for spec in specs:  # every configuration is checked before any arm runs
     try:
       bench_config(spec)
@@ -198,6 +226,7 @@ def main(argv=None) -> dict:
   devices = [r["device"] for r in rows if "device" in r]
   result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers,
+                              quantizer_semantics=a.quantizer_semantics or None,
                               oscillation_monitor=not a.no_oscillation_monitor, batch_size=a.batch_size,
                               seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup),
                 rows=with_ratios(rows))

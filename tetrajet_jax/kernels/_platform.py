@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from typing import Literal
 
 import jax
@@ -32,8 +33,13 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 # the CPU; it stays a knob (`_semantics`) until it is checked bitwise and timed on the GPU
 # (`experiments.bench kernels --only quant,bwdquant` has its rows).
 Semantics = Literal["warpgroup", "lane"]
-DEFAULT_SEMANTICS: Semantics = "warpgroup"
 _SEMANTICS = {"warpgroup": plgpu.LoweringSemantics.Warpgroup, "lane": plgpu.LoweringSemantics.Lane}
+# The kernels' default, read once at import: TETRAJET_QUANTIZER_SEMANTICS=lane selects lane for a
+# whole process (`experiments.bench train --quantizer-semantics` sets it in its worker processes).
+SEMANTICS_ENV = "TETRAJET_QUANTIZER_SEMANTICS"
+DEFAULT_SEMANTICS: Semantics = os.environ.get(SEMANTICS_ENV, "warpgroup")  # type: ignore[assignment]
+if DEFAULT_SEMANTICS not in _SEMANTICS:
+  raise ValueError(f"{SEMANTICS_ENV}={DEFAULT_SEMANTICS!r}: use one of {', '.join(_SEMANTICS)}.")
 
 
 def quantizer_params(semantics: Semantics = DEFAULT_SEMANTICS) -> plgpu.CompilerParams:
