@@ -91,11 +91,9 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
     trainer = train_steps.bench_trainer(spec)
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
     batch = {"inputs": tokens, "targets": tokens}
-    params, rest = step_lib.without_params(trainer.state)
-    traced = ([trainer._step_fn().trace(trainer.state, batch)] if trainer._tx_osci is None  # pylint: disable=protected-access
-              else [trainer._step_fn().trace(params, rest, batch),  # pylint: disable=protected-access
-                    trainer._oscillation_fn().trace(params, rest, params)])  # pylint: disable=protected-access
-    for t in traced:
+    update_fns = trainer._update_fns()  # pylint: disable=protected-access
+    for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch):
+      t = fn.trace(*args)
       t0 = time.perf_counter()
       text = t.lower(lowering_platforms=("cuda",)).as_text()
       row["lower_s"] += time.perf_counter() - t0

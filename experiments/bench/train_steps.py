@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 
 import jax
 import jax.monitoring
@@ -200,9 +201,10 @@ def parse_args(argv):
   if not 0 < a.vocab <= 2**16:
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
   semantics = a.quantizer_semantics.split(",") if a.quantizer_semantics else [None]
-  bad = [v for v in semantics if v is not None and v not in ("warpgroup", "lane")]
+  known = typing.get_args(_platform.Semantics)
+  bad = [v for v in semantics if v is not None and v not in known]
   if bad:
-    p.error(f"--quantizer-semantics: unknown {bad}; known: warpgroup, lane")
+    p.error(f"--quantizer-semantics: unknown {bad}; known: {', '.join(known)}")
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
   specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
                 monitor_oscillation=not a.no_oscillation_monitor, quantizer_semantics=sem,

@@ -135,6 +135,30 @@ def without_params(state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   return state["params"], {k: v for k, v in state.items() if k != "params"}
 
 
+def run_update(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, jax.Array]
+               ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+  """One update through `fns` = (jitted train step, None) or (jitted `update_step`, jitted
+  `oscillation_step`): (new state, metrics), dispatched, not awaited."""
+  step_fn, oscillation_fn = fns
+  if oscillation_fn is None:
+    return step_fn(state, batch)
+  params, rest = without_params(state)
+  rest, updates, metrics = step_fn(params, rest, batch)
+  state, more = oscillation_fn(params, rest, updates)
+  return state, {**metrics, **more}
+
+
+def update_calls(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, Any]
+                 ) -> list[tuple[str, Callable, tuple]]:
+  """[(kind, jitted function, arguments)] of the update `run_update` runs, for lowering without
+  running (`batch` may hold shape specs; the updates have the parameters' shapes and placement)."""
+  step_fn, oscillation_fn = fns
+  if oscillation_fn is None:
+    return [("train", step_fn, (state, batch))]
+  params, rest = without_params(state)
+  return [("train", step_fn, (params, rest, batch)), ("oscillation", oscillation_fn, (params, rest, params))]
+
+
 def jit_eval_stats(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh,
                    graphdef: nnx.GraphDef) -> Callable:
   rep = sharding_lib.replicated(mesh)

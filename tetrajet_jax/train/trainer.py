@@ -254,14 +254,9 @@ class Trainer:
         self._state_shardings, self.mesh, graphdef=self._graphdef, tx=self._tx_osci,
         oscireset=self.arm.oscireset))
 
-  def _run_step(self, state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], dict]:
-    """One update (both halves of a split one): (new state, metrics), dispatched, not awaited."""
-    if self._tx_osci is None:
-      return self._step_fn()(state, batch)
-    params, rest = step_lib.without_params(state)
-    rest, updates, metrics = self._step_fn()(params, rest, batch)
-    state, more = self._oscillation_fn()(params, rest, updates)
-    return state, {**metrics, **more}
+  def _update_fns(self) -> tuple[Callable, Callable | None]:
+    """The jitted functions of one update: (train step, None) or a split update's two halves."""
+    return self._step_fn(), (None if self._tx_osci is None else self._oscillation_fn())
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
@@ -294,12 +289,8 @@ class Trainer:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         if ("train", g) not in lowered:
           batch = {"inputs": spec, "targets": spec}
-          if self._tx_osci is None:
-            lowered["train", g] = self._step_fn().lower(self.state, batch)
-          else:  # the updates have the parameters' shapes and placement
-            p, rest = step_lib.without_params(self.state)
-            lowered["train", g] = self._step_fn().lower(p, rest, batch)
-            lowered["oscillation", g] = self._oscillation_fn().lower(p, rest, p)
+          for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch):
+            lowered[kind, g] = fn.lower(*args)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
           lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
         if evaluation and phase == final_phase:
@@ -449,7 +440,7 @@ class Trainer:
           self._ensure_phase(step)
           batch = self._next_batch()
           t_call = time.perf_counter()
-          self.state, metrics = self._run_step(self.state, batch)
+          self.state, metrics = step_lib.run_update(self._update_fns(), self.state, batch)
           if pending is None and not last and self.is_main:
             # The first call of a run compiles the step (minutes for FP4 arms on a GPU): say so.
             print(f"{self.arm.name}: step {step} compiled and dispatched in {time.perf_counter() - t_call:.1f} s",
