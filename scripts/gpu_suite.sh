@@ -61,7 +61,9 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE
 # trip elided) and NonFiniteError reaches the caller from a GPU computation.
 stage tests_jit "${T_TESTS_JIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -W ignore \
   tests/test_numerics.py -k "really_happens_under_jit or nonfinite_error_under_jit"
-stage bench_lowering "${T_BENCH_LOWERING:-150}" python3 -m experiments.bench lowering --out "$OUT/bench_lowering.json"
+# LOWERING_ARGS: e.g. --kernels "" --steps 20m/bf16,20m/tetrajet_v2 (whole steps: lowering, compile, recompile).
+stage bench_lowering "${T_BENCH_LOWERING:-150}" python3 -m experiments.bench lowering --out "$OUT/bench_lowering.json" \
+  ${LOWERING_ARGS:-}
 stage bench_linear "${T_BENCH_LINEAR:-150}" python3 -m experiments.bench recipes --backends xla,auto \
   --out "$OUT/bench_recipes.json"
 stage bench_kernels "${T_BENCH_KERNELS:-90}" python3 -m experiments.bench kernels --out "$OUT/kernels_bench.json" --log /tmp/kernels_bench_tracebacks.log \
