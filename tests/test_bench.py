@@ -163,6 +163,21 @@ def test_quantizer_jobs_check_then_time_every_variant(interpreted_kernels):
       [{"rows": rows}])
 
 
+def test_quantizer_tilings_are_checked_against_the_default(interpreted_kernels):
+  """--quant-tilings: the default kernel under another tiling, checked bitwise against the
+  default's output before it is timed."""
+  bench = interpreted_kernels
+  rows, log = [], io.StringIO()
+  bench.run_jobs(rows, log, [j for j in bench.quantizer_jobs([(128, 256)], tilings=((128, 3),))
+                             if "float32" not in j.key[0]])
+  assert "pallas rtn bfloat16 rows128_s3" in [r["name"] for r in rows] and all(r["ok"] for r in rows), log.getvalue()
+  names = [j.key[0] for j in bench.backward_quantizer_jobs([(128, 256)], tilings=((128, 3),))]
+  assert "pallas rht+sr float32 axis=0 rows128_s3" in names
+  for bad in ("96x2", "64x0", "64"):
+    with pytest.raises(SystemExit):
+      bench.main(["--only", "quant", "--quant-tilings", bad])
+
+
 def test_quantizer_jobs_per_input_kind():
   """--quant-inputs lognormal,normal: both kinds' jobs; the default kind keeps
   the historical row names, the other is named in each row. (Running them is

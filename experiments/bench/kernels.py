@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--quant-shapes", default=None, help="quantizer shapes, e.g. 16384x4096,16384x1024")
   p.add_argument("--quant-inputs", default=QUANT_INPUTS[0],
                  help=f"quantizer input kinds, comma-separated subset of {','.join(QUANT_INPUTS)}")
+  p.add_argument("--quant-tilings", default="",
+                 help="quantizer kernels also under these tilings ROWSxSTEPS (rows per tile x TMA pipeline depth; "
+                      "the default is 64x2), each checked bitwise against the default, e.g. 64x4,128x2")
   p.add_argument("--gemm-shapes", default=None, help="GEMM shapes MxKxN (out [M, N]), e.g. 16384x1024x1024")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
@@ -95,6 +98,9 @@ def main(argv=None) -> int:
   linear_parts_shapes = _shapes(p, "--linear-parts-shapes", args.linear_parts_shapes, linear_shapes, 3)
   if not set(linear_parts_shapes) <= set(linear_shapes):
     p.error("--linear-parts-shapes: every shape must also be in --linear-shapes (the ratios need its bf16 row)")
+  quant_tilings = _shapes(p, "--quant-tilings", args.quant_tilings, [], 2)
+  if any(rows % 64 or steps < 1 for rows, steps in quant_tilings):
+    p.error("--quant-tilings: rows must be a multiple of 64 and steps at least 1")
   only = None if args.only is None else _subset(p, "--only", args.only, SECTIONS)
   quant_inputs = _subset(p, "--quant-inputs", args.quant_inputs, QUANT_INPUTS)
   linear_backends = _subset(p, "--linear-backends", args.linear_backends, LINEAR_BACKENDS)
@@ -106,8 +112,8 @@ def main(argv=None) -> int:
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
-    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes, quant_inputs))),
-                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, quant_inputs))),
+    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes, quant_inputs, quant_tilings))),
+                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, quant_inputs, quant_tilings))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(
                             linear_shapes, linear_parts_shapes, linear_backends, not args.linear_parts_only)))):

@@ -82,10 +82,24 @@ def _input_name(dtype, kind: str) -> str:
   return jnp.dtype(dtype).name + ("" if kind == QUANT_INPUTS[0] else f" {kind}-input")
 
 
-def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
+def _tiling_jobs(exact_key, tilings, make, args, nb, bw, xla) -> list[Job]:
+  """The default kernel (exact_key) under other tilings: `make(rows, steps)` is the kernel with
+  that many rows per tile and that TMA pipeline depth; each row is checked bitwise against the
+  default's output before it is timed (the tiling changes no result)."""
+  jobs = []
+  for rows, steps in tilings:
+    key = (exact_key[0].replace(" rows64_s2", "") + f" rows{rows}_s{steps}", exact_key[1])
+    jobs.append(Job(key, make(rows, steps), args, check=_same_as(exact_key),
+                    row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
+                        key[0], key[1], dt, nb, bw(times), times[xla])))
+  return jobs
+
+
+def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tuple = ()) -> list[Job]:
   """RTN quantizers: the same-run copy (baseline), the XLA quantizer, the
   Pallas kernel (bitwise vs XLA), with its bf16 operand, and its attribution,
-  per input kind (`_test_input`)."""
+  per input kind (`_test_input`); `tilings` (rows, pipeline steps) adds the
+  default kernel under each, checked bitwise against it."""
   jobs = []
   for shape, kind, dtype in itertools.product(shapes, inputs, (jnp.bfloat16, jnp.float32)):
     start = len(jobs)
@@ -122,6 +136,8 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
     jobs.append(Job(lane, lambda v: quantize_nvfp4_rtn(v, _semantics="lane"), (x,), check=_same_as(exact),
                     row=lambda dt, out, times, lane=lane, nb=nb, bw=bw, xla=xla: _quant_row(
                         lane[0], lane[1], dt, nb, bw(times), times[xla])))
+    jobs += _tiling_jobs(exact, tilings, lambda rows, steps: lambda v: quantize_nvfp4_rtn(
+        v, block_rows=rows, max_concurrent_steps=steps), (x,), nb, bw, xla)
     _label(jobs, start, f"rtn {dname}")
     if dtype == jnp.bfloat16:
       for suffix, knobs in ATTRIBUTION:
@@ -159,11 +175,12 @@ def check_backward_output(xs, t, y, key, axis: int) -> str | None:
   return None
 
 
-def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> list[Job]:
+def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tuple = ()) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
-  slice, the kernel with and without its bf16 operand, and (bf16, axis -1)
-  its attribution, checked against the exact kernel's codes."""
+  slice, the kernel with and without its bf16 operand, other `tilings` (as
+  `quantizer_jobs`), and (bf16, axis -1) its attribution, checked against
+  the exact kernel's codes."""
   key = jax.random.key(11)
   signs = hadamard_signs(key)
   jobs = []
@@ -215,6 +232,8 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1]) -> l
                       (x, signs, jnp.uint32(4)), check=_same_as(exact),
                       row=lambda dt, out, times, lane=lane, nb=nb, bw=bw, xla=xla: _quant_row(
                           lane[0], lane[1], dt, nb, bw(times), times[xla])))
+      jobs += _tiling_jobs(exact, tilings, lambda rows, steps, axis=axis: lambda v, sg, sd: quantize_nvfp4_backward(
+          v, sg, sd, axis=axis, block=rows, max_concurrent_steps=steps), (x, signs, jnp.uint32(4)), nb, bw, xla)
       if dtype == jnp.bfloat16 and axis == -1:
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)
