@@ -379,7 +379,7 @@ def test_lane_semantics_is_bitwise_the_default_gpu(rng, key, dtype):
       lane, default = jax.jit(lambda v: f(v, "lane"))(x), jax.jit(lambda v: f(v, "warpgroup"))(x)
       for a, b in zip(jax.tree.leaves(lane), jax.tree.leaves(default)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-  assert can_use_pallas_backward_quantizer(shape[::-1], dtype, axis=0)
+  assert can_use_pallas_backward_quantizer(xl.T.shape, dtype, axis=0)
 
 
 @pytest.mark.gpu
