@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tetrajet_jax.kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_backward, transformed_amax
-from tetrajet_jax.kernels.nvfp4_quantize_backward import row_keys, transform_matrix
+from tetrajet_jax.kernels.nvfp4_quantize_backward import row_keys, transform_block, transform_matrix
 from tests import numpy_reference as ref
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, tensor_outer_scale, unpack_e2m1)
@@ -272,11 +272,54 @@ def test_register_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_smem))  # y is still emitted through SMEM
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_block_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype):
+  """Each inner block transformed by its own K=16 wgmma (the "blocks" tile source) gives the dense
+  transform's bits: codes, scales, operand and transformed values, both axes, SR after the RHT
+  (NaN/Inf blocks included for f32), RTN without it, and the tensor-scaled mode. A non-finite
+  input makes the dense transform's whole 128-block of y NaN (its zero weights times Inf) and the
+  per-block one's 16-block only, as the reference butterfly does: under block scaling either
+  128-block is NaN-scaled with zero codes; under a finite tensor scale (which a non-finite
+  tensor's amax never gives) the dense transform would also zero the other seven inner blocks,
+  so that mode runs on finite input."""
+  xl = hard_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
+  x_finite = hard_input(rng, (64, 256), dtype)
+  signs, seed = hadamard_signs(key), sr_seed(jax.random.fold_in(key, 2))
+  modes = ((xl, dict(signs_16=signs, seed=seed, emit_operand=True, emit_transformed=True)),
+           (xl, dict(signs_16=None, seed=None, rounding="nearest")),
+           (x_finite, dict(signs_16=signs, seed=seed, tensor_scale=jnp.float32(0.125))))
+  for lines, kw in modes:
+    for x, axis in ((lines, -1), (lines.T, 0)):
+      dense, blocks = (jax.tree.leaves(quantize_nvfp4_backward(x, axis=axis, interpret=True, _tile_source=src,
+                                                               **kw)) for src in ("smem", "blocks"))
+      if kw.get("emit_transformed"):
+        y_dense, y_blocks = np.asarray(dense.pop()), np.asarray(blocks.pop())
+        finite = np.isfinite(y_dense)
+        np.testing.assert_array_equal(y_blocks[finite], y_dense[finite])
+        assert np.all(np.isnan(y_dense[np.isnan(y_blocks)]))
+        assert np.isnan(y_blocks).any() == (dtype == jnp.float32)
+      for a, b in zip(dense, blocks, strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_transform_block_is_one_block_of_the_dense_transform(key):
+  """transform_block's rows are the dense transform's rows of the first inner block's outputs
+  (even outputs first), restricted to that block's 16 inputs; the other inputs weigh zero."""
+  d = hadamard_signs(key)
+  bt = np.asarray(transform_matrix(d), np.float32)
+  tb = np.asarray(transform_block(d), np.float32)
+  evens, odds = bt[:8], bt[64:72]
+  np.testing.assert_array_equal(tb, np.concatenate([evens, odds])[:, :16])
+  assert not np.any(np.concatenate([evens, odds])[:, 16:])
+  np.testing.assert_array_equal(np.asarray(transform_block(None), np.float32),
+                                np.eye(16)[np.r_[0:16:2, 1:16:2]])
+
+
 @pytest.mark.parametrize("dtype,axis", [(jnp.float32, -1), (jnp.bfloat16, 0)])
 def test_lowers_for_hopper(dtype, axis):
   """Mosaic GPU lowering for CUDA (layout inference, SMEM budget) succeeds on the CPU."""
   shape = (256, 512) if axis == -1 else (512, 128)
-  for k_splits, source in ((None, "smem"), (2, "smem"), (None, "registers")):
+  for k_splits, source in ((None, "smem"), (2, "smem"), (None, "registers"), (None, "blocks")):
     f = jax.jit(lambda v, k_splits=k_splits, source=source: quantize_nvfp4_backward(
         v, jnp.ones((16,)), jnp.uint32(0), axis=axis, emit_operand=True, k_splits=k_splits, _tile_source=source))
     f.trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",))
@@ -299,6 +342,8 @@ def test_lane_semantics_lowers_for_hopper(dtype, axis):
   for f in (lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, emit_operand=True,
                                               _semantics="lane")[0].codes,
             lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, _tile_source="registers",
+                                              _semantics="lane").codes,
+            lambda v: quantize_nvfp4_backward(v, signs, jnp.uint32(0), axis=axis, _tile_source="blocks",
                                               _semantics="lane").codes,
             lambda v: quantize_nvfp4_backward(v, None, jnp.uint32(0), axis=axis, tensor_scale=scale,
                                               _semantics="lane").codes,
@@ -358,10 +403,12 @@ def test_backward_quantizer_gpu(rng, key, dtype, shape):
   t0, y0 = f0(xl.T)
   np.testing.assert_array_equal(np.asarray(y0), np.asarray(y))
   np.testing.assert_array_equal(np.asarray(t0.codes), np.asarray(t.codes))
-  for axis, x in ((-1, xl), (0, xl.T)):  # the register tile source: the same bits as the SMEM one
-    tr = jax.jit(lambda v, axis=axis: quantize_nvfp4_backward(v, signs, seed, axis=axis, _tile_source="registers"))(x)
-    for a, b in zip(jax.tree.leaves(tr), jax.tree.leaves(t)):
-      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  for axis, x in ((-1, xl), (0, xl.T)):  # the register and block tile sources: the same bits as the SMEM one
+    for source in ("registers", "blocks"):
+      tr = jax.jit(lambda v, axis=axis, source=source: quantize_nvfp4_backward(
+          v, signs, seed, axis=axis, emit_operand=True, _tile_source=source))(x)
+      for a, b in zip(jax.tree.leaves(tr), jax.tree.leaves((t, qs)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert can_use_pallas_backward_quantizer(shape, dtype, axis=-1)
 
 

@@ -64,7 +64,7 @@ from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_
 from tetrajet_jax.numerics.e2m1 import stochastic_index
 
 # Where the quantizer reads the transformed tile (`quantize_nvfp4_backward`'s _tile_source).
-TileSource = Literal["smem", "registers"]
+TileSource = Literal["smem", "registers", "blocks"]
 Rounding = Literal["stochastic", "nearest"]
 
 
@@ -84,6 +84,15 @@ def transform_matrix(signs_16: jax.Array | None) -> jax.Array:
   blk = jnp.kron(jnp.eye(OUTER // INNER, dtype=jnp.float32), t)  # [128 out, 128 in]
   perm = np.concatenate([np.arange(0, OUTER, 2), np.arange(1, OUTER, 2)])
   return blk[perm].astype(jnp.bfloat16)
+
+
+def transform_block(signs_16: jax.Array | None) -> jax.Array:
+  """bf16 [16, 16] B^T of one inner block: row j = row perm[j] of (1/4) H16 D (or of the identity),
+  perm = even outputs 0, 2, ..., 14, then the odd ones; `transform_matrix` is eight of these on
+  the diagonal, with its permutation taken over the whole 128-block."""
+  t = transform_matrix(signs_16).astype(jnp.float32)  # [128, 128]: rows 0..63 even, 64..127 odd outputs
+  rows = np.concatenate([np.arange(INNER // 2), OUTER // 2 + np.arange(INNER // 2)])  # block 0's outputs
+  return t[rows, :INNER].astype(jnp.bfloat16)
 
 
 def _split3(xf):
@@ -117,6 +126,41 @@ def _sr_rounding(key_rows, col0):
   return round_parts
 
 
+def _block_transform(x_smem, split_smem, b_op, a_op, *, axis: int, block: int, f32_in: bool,
+                     optimized_f32_load: bool):
+  """pairs(c) of `quantize_tile` for the "blocks" tile source: inner block c transformed by its
+  own wgmma (M = block, N = K = 16) against the one [16, 16] block of the transform, read from
+  that wgmma's accumulator (its first 8 columns are the block's even outputs, the last 8 its odd
+  ones). The dense [128, 128] transform multiplies each output by 112 zeros too; here each
+  output's 16 products are summed by one K = 16 step, as the dense wgmma's only nonzero step
+  sums them, and the FP32 accumulator starts from zero in both: the same values.
+
+  float32 input is split into its three bf16 parts once per tile (all three kept in split_smem,
+  since the quantizer reads each block twice: amax, then rounding); they accumulate hi, mid, lo
+  in that order, as in the dense path."""
+  if f32_in:
+    xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA, optimized=optimized_f32_load)
+    for p, part in enumerate(_split3(xf)):
+      split_smem[p] = part.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    sources = [split_smem.at[p] for p in range(3)]
+  else:
+    sources = [x_smem]
+
+  def block_of(ref, c):
+    start = c * INNER if isinstance(c, int) else pl.multiple_of(c * INNER, INNER)
+    return ref.at[:, pl.ds(start, INNER)] if axis == 1 else ref.at[pl.ds(start, INNER), :]
+
+  def pairs(c):
+    def mma(acc_ref):
+      for src in sources:
+        plgpu.wgmma(acc_ref, a_op(block_of(src, c)), b_op)
+      return acc_ref[...]
+    y = pl.run_scoped(mma, plgpu.ACC((block, INNER), jnp.float32))
+    return y[:, :INNER // 2], y[:, INNER // 2:]
+  return pairs
+
+
 def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source,
                    rounding="stochastic", tensor_scale=None, _semantics=_platform.DEFAULT_SEMANTICS, name="quantize_nvfp4_backward"):
   """Validates `quantize_nvfp4_backward`'s arguments (ValueError says what to change) and returns
@@ -144,7 +188,7 @@ def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _divisio
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
   check_tensor_scale(tensor_scale, name)
   if (_division not in ("exact", "hardware") or _math not in ("full", "none")
-      or _tile_source not in ("smem", "registers")):
+      or _tile_source not in ("smem", "registers", "blocks")):
     raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
   _platform.quantizer_params(_semantics)  # an unknown name raises
   if _math == "none" and emit_transformed:
@@ -251,8 +295,12 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
       (written back from the wgmma accumulator, then read in [block, 8]
       slices by a rolled loop; the default) or "registers" (sliced straight
       from the accumulator, the eight inner blocks unrolled: no SMEM round
-      trip and no 32 KiB y buffer, a larger module). Same results bitwise;
-      `python -m experiments.bench kernels --only bwdquant` times both.
+      trip and no 32 KiB y buffer, a larger module) or "blocks" (each inner
+      block transformed by its own K=16 wgmma against the one [16, 16]
+      block of the transform and read from that accumulator: 8x fewer
+      MACs, and no [128, 128] transform or y tile in SMEM, so more CTAs
+      fit on an SM; `_block_transform`). Same results bitwise;
+      `python -m experiments.bench kernels --only bwdquant` times all three.
     _semantics: Mosaic GPU's lowering semantics, "warpgroup" or "lane"
       (`_platform.quantizer_params`): the same kernel, lowered faster by lane.
 
@@ -300,11 +348,12 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
                                  name="transformed_amax" if amax_only else "quantize_nvfp4_backward")
   sr = rounding == "stochastic"
   tensor = tensor_scale is not None
+  blocks = _tile_source == "blocks"
   y_in_smem = not amax_only and (_tile_source == "smem" or emit_transformed)
   kb = k // OUTER
   dtype = x.dtype
   f32_in = dtype == jnp.float32
-  inputs = [x, transform_matrix(signs_16)]
+  inputs = [x, transform_block(signs_16) if blocks else transform_matrix(signs_16)]
   if sr:
     inputs.append(row_keys(seed, r).reshape(1, r))
   if tensor:
@@ -314,7 +363,11 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
                                                emit_transformed=emit_transformed, amax_only=amax_only)
   # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
   in_block = (block, OUTER) if axis == 1 else (OUTER, block)
-  x_transforms = () if f32_in else _swizzled(jnp.bfloat16, in_block[1])
+  # The wgmma A operand's SMEM layout. The per-block transform's B operand is [16, 16] (32-byte
+  # rows), and wgmma needs A's swizzle to match B's: 16-wide tiles, 32-byte swizzle (which also
+  # lets it slice A every 16 elements along the minor axis for axis=-1).
+  a_transforms = _swizzled(jnp.bfloat16, INNER if blocks else in_block[1])
+  x_transforms = () if f32_in else a_transforms
   splits = _platform.k_splits(r // block, kb, interpret, k_splits)
   kb_part = kb // splits  # 128-blocks per CTA
 
@@ -330,7 +383,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
     keys_smem, bar_keys = (extra.pop(0), extra.pop(0)) if sr else (None, None)
     scale_refs = (extra.pop(0), extra.pop(0)) if tensor else None
     y_smem = extra.pop(0) if y_in_smem else None
-    split_smem = extra.pop(0) if f32_in else None
+    split_smem = extra.pop(0) if f32_in else None  # blocks: [3, *in_block], all three parts at once
     rows = pl.ds(lax.axis_index("rows") * block, block)
     j0 = lax.axis_index("k") * kb_part  # this CTA's first 128-block
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
@@ -368,6 +421,19 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
       def a_op(ref):
         return ref if axis == 1 else ref.transpose((1, 0))
 
+      if blocks:
+        pairs = _block_transform(x_smem, split_smem, b_op, a_op, axis=axis, block=block, f32_in=f32_in,
+                                 optimized_f32_load=_semantics == "warpgroup")
+        if emit_transformed:  # y_smem in the dense layout (even outputs of the 128-block first)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          for c in range(OUTER // INNER):
+            ev, od = pairs(c)
+            y_smem[:, pl.ds(c * (INNER // 2), INNER // 2)] = ev
+            y_smem[:, pl.ds(OUTER // 2 + c * (INNER // 2), INNER // 2)] = od
+          plgpu.commit_smem()
+        _quantize_and_store(pairs, slot, j)
+        return
+
       def mma(acc_ref):
         if f32_in:
           # Lane semantics finds no bank-conflict-free transfer plan for this f32 tile.
@@ -394,9 +460,14 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
         # optimized=False: no bank-conflict-free plan with a loop-indexed offset (nvfp4_quantize).
         load = lambda col: plgpu.load(y_smem.at[:, pl.ds(col, w)], layout=plgpu.Layout.WGMMA, optimized=False)
         pairs = lambda c: (load(c * w), load(half + c * w))
+      _quantize_and_store(pairs, slot, j)
+
+    def _quantize_and_store(pairs, slot, j):
+      """Quantizes the transformed tile (pairs(c): inner block c's even and odd outputs) into
+      this step's output slot and copies it out."""
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous copy has read SMEM
       if amax_only:
-        outs_smem[0].at[slot][0, :] = tile_abs_max(pairs, unrolled=True)
+        outs_smem[0].at[slot][0, :] = tile_abs_max(pairs, unrolled=not blocks)
       else:
         codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
         quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER) if sr else rtn_rounding,
@@ -418,15 +489,16 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
     plgpu.wait_smem_to_gmem(0)
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
-  scratch += [plgpu.SMEM((OUTER, OUTER), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, OUTER)), plgpu.Barrier()]
+  t_side = INNER if blocks else OUTER  # the transform: one inner block's [16, 16], or the dense [128, 128]
+  scratch += [plgpu.SMEM((t_side, t_side), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, t_side)), plgpu.Barrier()]
   if sr:
     scratch += [plgpu.SMEM((1, block), jnp.uint32), plgpu.Barrier()]
   if tensor:
     scratch += row_vector_scratch(block)
   if y_in_smem:  # the transformed tile, for the SMEM tile source or the emitted y
     scratch.append(plgpu.SMEM((block, OUTER), jnp.float32))
-  if f32_in:  # one bf16 part of the hi/mid/lo split at a time
-    scratch.append(plgpu.SMEM(in_block, jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, in_block[1])))
+  if f32_in:  # one bf16 part of the hi/mid/lo split at a time (blocks: all three)
+    scratch.append(plgpu.SMEM((3, *in_block) if blocks else in_block, jnp.bfloat16, transforms=a_transforms))
   call = plgpu.kernel(kernel, out_type=tuple(out_shape), grid=(r // block, splits), grid_names=("rows", "k"),
                       scratch_types=scratch, compiler_params=_platform.quantizer_params(_semantics))
   with _platform.interpret_context(interpret):
