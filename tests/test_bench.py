@@ -202,10 +202,10 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   bench.run_jobs(rows, log, bench.backward_quantizer_jobs([(64, 256)]))
   assert all(r["ok"] for r in rows), log.getvalue() + str([r for r in rows if not r["ok"]])
   names = [r["name"] for r in rows]
-  # Per dtype and axis: XLA, the kernel, +operand, tiles from registers, the per-block transform and lane
+  # Per dtype and axis: XLA, the kernel, +operand, tiles from registers, the dense transform and lane
   # semantics (the last three checked bitwise against the kernel).
   assert len(names) == 2 * 2 * 6 + 2 and "pallas rht+sr float32 axis=0 +operand" in names
-  assert "pallas rht+sr bfloat16 axis=0 per-block transform (K=16 wgmma)" in names
+  assert "pallas rht+sr bfloat16 axis=0 dense transform (SMEM tile)" in names
   assert "pallas rht+sr bfloat16 axis=0 lane semantics" in names
   assert "pallas rht+sr float32 axis=0 tiles from registers (unrolled, larger module)" in names
   assert "pallas rht+sr bfloat16 axis=-1 division=hardware (timing only, inexact)" in names

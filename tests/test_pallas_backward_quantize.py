@@ -268,7 +268,7 @@ def test_register_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype)
       for a, b in zip(jax.tree.leaves(smem), jax.tree.leaves(regs)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   _, y = quantize_nvfp4_backward(xl, signs, seed, emit_transformed=True, interpret=True, _tile_source="registers")
-  _, y_smem = quantize_nvfp4_backward(xl, signs, seed, emit_transformed=True, interpret=True)
+  _, y_smem = quantize_nvfp4_backward(xl, signs, seed, emit_transformed=True, interpret=True, _tile_source="smem")
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y_smem))  # y is still emitted through SMEM
 
 

@@ -56,7 +56,7 @@ ATTRIBUTION = (
 # The default kernel lowered under Mosaic GPU's lane semantics (`kernels._platform.quantizer_params`):
 # faster to lower; these rows check it bitwise against the default and time it.
 LANE_SUFFIX = " lane semantics"
-BLOCKS_SUFFIX = " per-block transform (K=16 wgmma)"
+DENSE_SUFFIX = " dense transform (SMEM tile)"
 
 
 def _same_as(ref_key):
@@ -227,11 +227,11 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
                       check=_same_as(exact),
                       row=lambda dt, out, times, rk=rk, nb=nb, bw=bw, xla=xla: _quant_row(
                           rk[0], rk[1], dt, nb, bw(times), times[xla])))
-      # Each inner block transformed by its own K=16 wgmma against one [16, 16] block: 8x fewer MACs,
-      # no [128, 128] transform and no y tile in SMEM (more CTAs per SM); bitwise the same.
-      bk = (exact[0] + BLOCKS_SUFFIX, shape)
+      # The dense [128, 128] transform with its tile written back to SMEM (the default before the
+      # per-block transform): bitwise the same.
+      bk = (exact[0] + DENSE_SUFFIX, shape)
       jobs.append(Job(bk, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
-                                                                            _tile_source="blocks"),
+                                                                            _tile_source="smem"),
                       (x, signs, jnp.uint32(4)), check=_same_as(exact),
                       row=lambda dt, out, times, bk=bk, nb=nb, bw=bw, xla=xla: _quant_row(
                           bk[0], bk[1], dt, nb, bw(times), times[xla])))
