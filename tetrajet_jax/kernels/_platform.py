@@ -29,9 +29,10 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 #
 # Lowering semantics: "warpgroup" (Pallas's default in JAX 0.11) runs Mosaic GPU's layout
 # inference, about half of the kernels' lowering time; "lane" skips it, as every value the
-# kernels compute already has an explicit layout. Lane lowers the quantizers 2-4x faster on
-# the CPU; it stays a knob (`_semantics`) until it is checked bitwise and timed on the GPU
-# (`experiments.bench kernels --only quant,bwdquant` has its rows).
+# kernels compute already has an explicit layout. Lane is bitwise the same on the H200 and
+# lowers a 20m step's kernels in 6.8 s instead of 10.2 s, but its kernels run 8-15% slower
+# (RHT + SR 0.378 against 0.328 ms; the step 0.72x bf16 against 0.75x; docs/notes/kernels.md),
+# so warpgroup stays the default and lane a knob (`_semantics`, or the environment below).
 Semantics = Literal["warpgroup", "lane"]
 _SEMANTICS = {"warpgroup": plgpu.LoweringSemantics.Warpgroup, "lane": plgpu.LoweringSemantics.Lane}
 # The kernels' default, read once at import: TETRAJET_QUANTIZER_SEMANTICS=lane selects lane for a
