@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from tetrajet_jax.kernels import can_use_pallas_backward_quantizer, quantize_nvfp4_backward, transformed_amax
-from tetrajet_jax.kernels.nvfp4_quantize_backward import row_keys, transform_block, transform_matrix
+from tetrajet_jax.kernels._rht_operands import transform_block, transform_matrix
 from tests import numpy_reference as ref
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, tensor_outer_scale, unpack_e2m1)
-from tetrajet_jax.numerics.counter_rng import sr_seed
+from tetrajet_jax.numerics.counter_rng import row_keys, sr_seed
 
 GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 

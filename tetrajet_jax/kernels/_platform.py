@@ -16,6 +16,7 @@ from typing import Literal
 
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
 
 
 # Compiler parameters of the quantizer kernels. Pallas brackets every SMEM store with two
@@ -137,3 +138,12 @@ def k_splits(row_blocks: int, k_blocks: int, interpret: bool, requested: int | N
     if k_blocks % s == 0 and row_blocks * s >= target:
       return s
   return k_blocks
+
+
+def swizzled(dtype, minor: int) -> tuple:
+  """SMEM transforms for a wgmma/TMA operand whose minor dimension holds `minor` elements of
+  `dtype`: 8-row tiles and the widest swizzle that minor dimension allows (bank-conflict-free)."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor * bits)
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+

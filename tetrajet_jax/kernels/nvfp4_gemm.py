@@ -90,12 +90,6 @@ class GemmConfig:
 DEFAULT_CONFIG = GemmConfig()
 
 
-def _swizzled(dtype, minor: int):
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor * bits)
-  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
-
-
 def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig, k_splits: int):
   """Refs: a [M, Kp] bf16, b [N, Kp] bf16, sa [Kp/128, M] f32, sb [Kp/128, N] f32, out [k_splits, M, N]
   (split s holds the sum over its K chunks)."""
@@ -107,7 +101,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   m_iters, n_iters = m // cta_m, n // cta_n
   k_iters = kp // CHUNK_K // k_splits  # K chunks per work item
   epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
-  ab_transforms = _swizzled(jnp.bfloat16, CHUNK_K)
+  ab_transforms = _platform.swizzled(jnp.bfloat16, CHUNK_K)
 
   def get_pipeline(body, compute_context):
     return plgpu.emit_pipeline_warp_specialized(
@@ -133,7 +127,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   @functools.partial(
       pl.run_scoped,
       allocs=get_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem, sa_gmem, sb_gmem),
-      out_smem=plgpu.SMEM((2, cfg.out_slots, epi_m, epi_n), out_dtype, transforms=_swizzled(out_dtype, epi_n)),
+      out_smem=plgpu.SMEM((2, cfg.out_slots, epi_m, epi_n), out_dtype, transforms=_platform.swizzled(out_dtype, epi_n)),
       collective_axes="wg",
   )
   def _scope(allocs, out_smem):

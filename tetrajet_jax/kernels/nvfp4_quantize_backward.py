@@ -55,61 +55,18 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels._rht_operands import split3, transform_block, transform_matrix
 from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, load_row_vector, packed_store,
                                                  quantize_tile, row_vector_scratch, rtn_rounding, store_trivial_tile,
                                                  tile_abs_max, check_tensor_scale)
-from tetrajet_jax.numerics import NVFP4Tensor, hadamard_signs, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.numerics import NVFP4Tensor, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
-from tetrajet_jax.numerics.counter_rng import fmix32, high_bits, low_bits, pair_hash, row_keys
+from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
 from tetrajet_jax.numerics.e2m1 import stochastic_index
 
 # Where the quantizer reads the transformed tile (`quantize_nvfp4_backward`'s _tile_source).
 TileSource = Literal["smem", "registers", "blocks"]
 Rounding = Literal["stochastic", "nearest"]
-
-
-def transform_matrix(signs_16: jax.Array | None) -> jax.Array:
-  """bf16 [128, 128] B^T: row j = transform row perm[j] of blockdiag((1/4) H16 D) (exact in bf16),
-  or of the identity when signs_16 is None (no RHT: the products x * 1 are exact, so y = x).
-
-  perm lists the even outputs 0, 2, ..., 126, then the odd ones 1, 3, ..., 127.
-  """
-  if signs_16 is None:
-    t = jnp.eye(INNER, dtype=jnp.float32)
-  else:
-    h = np.array([[1.0]])
-    while h.shape[0] < INNER:
-      h = np.block([[h, h], [h, -h]])
-    t = 0.25 * jnp.asarray(h, jnp.float32) * jnp.asarray(signs_16, jnp.float32)[None, :]  # (1/4) H D
-  blk = jnp.kron(jnp.eye(OUTER // INNER, dtype=jnp.float32), t)  # [128 out, 128 in]
-  perm = np.concatenate([np.arange(0, OUTER, 2), np.arange(1, OUTER, 2)])
-  return blk[perm].astype(jnp.bfloat16)
-
-
-def transform_block(signs_16: jax.Array | None) -> jax.Array:
-  """bf16 [16, 16] B^T of one inner block: row j = row perm[j] of (1/4) H16 D (or of the identity),
-  perm = even outputs 0, 2, ..., 14, then the odd ones; `transform_matrix` is eight of these on
-  the diagonal, with its permutation taken over the whole 128-block."""
-  t = transform_matrix(signs_16).astype(jnp.float32)  # [128, 128]: rows 0..63 even, 64..127 odd outputs
-  rows = np.concatenate([np.arange(INNER // 2), OUTER // 2 + np.arange(INNER // 2)])  # block 0's outputs
-  return t[rows, :INNER].astype(jnp.bfloat16)
-
-
-def _split3(xf):
-  """x = hi + mid + lo exactly, each part exact in bf16 (truncation by bit masks)."""
-  mask = jnp.uint32(0xFFFF0000)
-  trunc = lambda v: lax.bitcast_convert_type(lax.bitcast_convert_type(v, jnp.uint32) & mask, jnp.float32)
-  hi = trunc(xf)
-  r1 = xf - hi
-  mid = trunc(r1)
-  lo = r1 - mid
-  return hi, mid, lo
-
-
-def _swizzled(dtype, minor: int):
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor * bits)
-  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
 def _sr_rounding(key_rows, col0):
@@ -140,7 +97,7 @@ def _block_transform(x_smem, split_smem, b_op, a_op, *, axis: int, block: int, f
   in that order, as in the dense path."""
   if f32_in:
     xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA, optimized=optimized_f32_load)
-    for p, part in enumerate(_split3(xf)):
+    for p, part in enumerate(split3(xf)):
       split_smem[p] = part.astype(jnp.bfloat16)
     plgpu.commit_smem()
     sources = [split_smem.at[p] for p in range(3)]
@@ -368,7 +325,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
   # The wgmma A operand's SMEM layout. The per-block transform's B operand is [16, 16] (32-byte
   # rows), and wgmma needs A's swizzle to match B's: 16-wide tiles, 32-byte swizzle (which also
   # lets it slice A every 16 elements along the minor axis for axis=-1).
-  a_transforms = _swizzled(jnp.bfloat16, INNER if blocks else in_block[1])
+  a_transforms = _platform.swizzled(jnp.bfloat16, INNER if blocks else in_block[1])
   x_transforms = () if f32_in else a_transforms
   splits = _platform.k_splits(r // block, kb, interpret, k_splits)
   kb_part = kb // splits  # 128-blocks per CTA
@@ -440,7 +397,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
         if f32_in:
           # Lane semantics finds no bank-conflict-free transfer plan for this f32 tile.
           xf = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA, optimized=_semantics == "warpgroup")
-          for part in _split3(xf):
+          for part in split3(xf):
             split_smem[...] = part.astype(jnp.bfloat16)
             plgpu.commit_smem()
             plgpu.wgmma(acc_ref, a_op(split_smem), b_op)
@@ -492,7 +449,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
 
   scratch = [plgpu.SMEM((2, *blk), o.dtype) for blk, o in zip(out_blocks, out_shape)]
   t_side = INNER if blocks else OUTER  # the transform: one inner block's [16, 16], or the dense [128, 128]
-  scratch += [plgpu.SMEM((t_side, t_side), jnp.bfloat16, transforms=_swizzled(jnp.bfloat16, t_side)), plgpu.Barrier()]
+  scratch += [plgpu.SMEM((t_side, t_side), jnp.bfloat16, transforms=_platform.swizzled(jnp.bfloat16, t_side)), plgpu.Barrier()]
   if sr:
     scratch += [plgpu.SMEM((1, block), jnp.uint32), plgpu.Barrier()]
   if tensor:
@@ -532,5 +489,5 @@ def quantize_nvfp4_backward_reference(x: jax.Array, rht_key: jax.Array, sr_key: 
   return quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis), axis=axis, rounding="stochastic", key=sr_key)
 
 
-__all__ = ["quantize_nvfp4_backward", "transformed_amax", "can_use_pallas_backward_quantizer", "quantize_nvfp4_backward_reference",
-           "transform_matrix", "row_keys", "fmix32", "hadamard_signs"]
+__all__ = ["quantize_nvfp4_backward", "transformed_amax", "can_use_pallas_backward_quantizer",
+           "quantize_nvfp4_backward_reference"]
