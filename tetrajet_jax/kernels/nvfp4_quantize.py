@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels import _flat_rows, _platform
 from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.numerics import NVFP4Tensor, pack_e2m1, quantize_nvfp4
 from tetrajet_jax.numerics.e2m1 import flush_subnormal, nearest_index
@@ -260,12 +260,11 @@ def _check_rtn_args(x, tensor_scale, block_rows: int, packing: Packing | None, d
   return packing
 
 
-@_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
-                                     "interpret", "_division", "_math", "_semantics")
 def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, block_rows: int = 64,
                        max_concurrent_steps: int = 2, packing: Packing | None = None, emit_operand: bool = False,
-                       k_splits: int | None = None, interpret: bool = False, _division: Division = "exact",
-                       _math: Math = "full", _semantics: _platform.Semantics = _platform.DEFAULT_SEMANTICS):
+                       k_splits: int | None = None, flat_rows: bool = False, interpret: bool = False,
+                       _division: Division = "exact", _math: Math = "full",
+                       _semantics: _platform.Semantics = _platform.DEFAULT_SEMANTICS):
   """Pallas RTN NVFP4 quantization of a 2-D array along its last axis.
 
   Args:
@@ -283,6 +282,9 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
     emit_operand: also return the exact bf16 operand q * s_in [R, K].
     k_splits: CTAs per row block along K (a divisor of K / 128; default: enough
       for four CTAs per SM, `_platform.k_splits`). Results do not depend on it.
+    flat_rows: quantize x as its row-major view of 128-wide rows, zero-padded
+      to a power-of-two bucket (`_flat_rows`): the same result, and every
+      small tensor of a bucket runs one kernel instance (R is then free).
     interpret: run on the CPU in Mosaic GPU's interpreter.
     _division, _math: timing only (experiments.bench's attribution rows),
       results NOT bitwise the reference's: _division="hardware" divides each
@@ -297,6 +299,24 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
     tensor_scale: quantize_nvfp4(x, axis=-1, scaling="tensor")); with
     emit_operand, (tensor, qs_bf16).
   """
+  opts = dict(tensor_scale=tensor_scale, block_rows=block_rows, max_concurrent_steps=max_concurrent_steps,
+              packing=packing, emit_operand=emit_operand, k_splits=k_splits, interpret=interpret,
+              _division=_division, _math=_math, _semantics=_semantics)
+  if not flat_rows:
+    return _rtn_instance(x, **opts)
+  _flat_rows.check_flat_shape(jnp.shape(x), "quantize_nvfp4_rtn")
+  out = _rtn_instance(_flat_rows.to_flat(x), **opts)
+  if not emit_operand:
+    return _flat_rows.from_flat(out, x.shape)
+  return _flat_rows.from_flat(out[0], x.shape), _flat_rows.rows_from_flat(out[1], x.shape)
+
+
+@_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
+                                     "interpret", "_division", "_math", "_semantics")
+def _rtn_instance(x, tensor_scale, *, block_rows: int, max_concurrent_steps: int, packing: Packing | None,
+                  emit_operand: bool, k_splits: int | None, interpret: bool, _division: Division, _math: Math,
+                  _semantics: _platform.Semantics):
+  """The kernel instance behind `quantize_nvfp4_rtn`."""
   packing = _check_rtn_args(x, tensor_scale, block_rows, packing, _division, _math, _semantics)
   r, k = x.shape
   kb = k // OUTER

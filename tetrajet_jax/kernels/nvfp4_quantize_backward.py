@@ -54,11 +54,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels import _backward_io, _flat_rows, _platform
 from tetrajet_jax.kernels._rht_operands import split3, transform_block, transform_matrix
 from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, load_row_vector, packed_store,
                                                  quantize_tile, row_vector_scratch, rtn_rounding, store_trivial_tile,
-                                                 tile_abs_max, check_tensor_scale)
+                                                 tile_abs_max)
 from tetrajet_jax.numerics import NVFP4Tensor, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
@@ -69,16 +69,20 @@ TileSource = Literal["smem", "registers", "blocks"]
 Rounding = Literal["stochastic", "nearest"]
 
 
-def _sr_rounding(key_rows, col0):
+def _sr_rounding(key_rows, col0, pair_rows=None):
   """round_parts of `quantize_tile` for stochastic rounding of one [bm, 128] block per row whose
   parts are the even and odd elements of inner block c: one hash per (even, odd) pair, its low
-  16 bits for the even element and its high 16 for the odd (counter_rng; pair index = column // 2)."""
+  16 bits for the even element and its high 16 for the odd (counter_rng; pair index = column // 2,
+  plus the row's pair offset where given: the flat view of `_flat_rows`)."""
   def round_parts(c, scaled):
     ev, od = scaled
     bm = ev.shape[0]
     i = plgpu.layout_cast(lax.broadcasted_iota(jnp.int32, (bm, INNER // 2), 1), plgpu.Layout.WGMMA)
     keys = lax.broadcast_in_dim(key_rows, (bm, INNER // 2), [0])
-    h = pair_hash(keys, (i + (col0 + c * INNER) // 2).astype(jnp.uint32))
+    pair = (i + (col0 + c * INNER) // 2).astype(jnp.uint32)
+    if pair_rows is not None:
+      pair = pair + lax.broadcast_in_dim(pair_rows, (bm, INNER // 2), [0])
+    h = pair_hash(keys, pair)
     return [stochastic_index(ev, low_bits(h)), stochastic_index(od, high_bits(h))]
   return round_parts
 
@@ -118,98 +122,12 @@ def _block_transform(x_smem, split_smem, b_op, a_op, *, axis: int, block: int, f
   return pairs
 
 
-def _checked_input(x, signs_16, seed, *, axis, block, emit_transformed, _division, _math, _tile_source,
-                   rounding="stochastic", tensor_scale=None, _semantics=_platform.DEFAULT_SEMANTICS, name="quantize_nvfp4_backward"):
-  """Validates `quantize_nvfp4_backward`'s arguments (ValueError says what to change) and returns
-  (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
-  tokens to a multiple of 128."""
-  x = jnp.asarray(x)
-  if x.ndim != 2:
-    raise ValueError(f"{name}: expected a 2-D array, got shape {x.shape}; reshape leading axes into rows.")
-  if axis not in (-1, 0, 1):
-    raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
-  axis = axis % 2
-  if x.dtype not in (jnp.bfloat16, jnp.float32):
-    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
-  if block % 64 or block <= 0:
-    raise ValueError(f"{name}: block={block} must be a positive multiple of 64 (wgmma M granularity).")
-  if signs_16 is not None and jnp.shape(signs_16) != (INNER,):
-    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
-                     "use tetrajet_jax.numerics.hadamard_signs(key), or None for no RHT.")
-  if rounding not in ("stochastic", "nearest"):
-    raise ValueError(f"{name}: rounding must be 'stochastic' or 'nearest', got {rounding!r}.")
-  if (seed is None) != (rounding == "nearest"):
-    raise ValueError(f"{name}: rounding={rounding!r} " + ("needs a seed (counter_rng.sr_seed(key))."
-                     if seed is None else "takes no seed; pass seed=None."))
-  if seed is not None and jnp.ndim(seed) != 0:
-    raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
-  check_tensor_scale(tensor_scale, name)
-  if (_division not in ("exact", "hardware") or _math not in ("full", "none")
-      or _tile_source not in ("smem", "registers", "blocks")):
-    raise ValueError(f"{name}: unknown _division={_division!r} / _math={_math!r} / _tile_source={_tile_source!r}.")
-  _platform.quantizer_params(_semantics)  # an unknown name raises
-  if _math == "none" and emit_transformed:
-    raise ValueError(f"{name}: _math='none' computes no transform to emit.")
-  shape = tuple(x.shape)
-  if axis == 1:
-    r, k = shape
-    if r % block or k % OUTER:
-      raise ValueError(f"{name}: shape {shape} with axis=-1 needs rows % {block} == 0 and cols % {OUTER} == 0; "
-                       "pad (zeros change no scale) or use the XLA path (can_use_pallas_backward_quantizer).")
-  else:
-    if shape[1] % block:
-      raise ValueError(f"{name}: shape {shape} with axis=0 needs cols % {block} == 0; "
-                       "pad or use the XLA path (can_use_pallas_backward_quantizer).")
-    x = pad_axis_to_multiple(x, 0, OUTER)
-    k, r = x.shape  # canonical: r = output rows (x's columns), k = quantized length
-  return x, axis, r, k
-
-
-def _output_specs(r: int, k: int, block: int, *, emit_operand: bool, emit_transformed: bool, amax_only: bool):
-  """(out shapes, their SMEM blocks, the count of pipelined outputs): codes, s_in^T, s_out^T,
-  [operand], [transformed values]; or, amax_only, the row amax of every 128-block, [Kp/128, rows]."""
-  kb = k // OUTER
-  if amax_only:
-    return [jax.ShapeDtypeStruct((kb, r), jnp.float32)], [(1, block)], 1
-  out_shape = [
-      jax.ShapeDtypeStruct((r, k // 2), jnp.uint8),
-      jax.ShapeDtypeStruct((k // INNER, r), jnp.float32),  # s_in^T: one TMA row per inner block
-      jax.ShapeDtypeStruct((kb, r), jnp.float32),  # s_out^T
-  ]
-  out_blocks = [(block, OUTER // 2), (OUTER // INNER, block), (1, block)]
-  if emit_operand:
-    out_shape.append(jax.ShapeDtypeStruct((r, k // 2), jnp.uint32))
-    out_blocks.append((block, OUTER // 2))
-  n_out = len(out_shape)
-  if emit_transformed:  # copied straight from y_smem (one slot: debug output, keeps SMEM in budget)
-    out_shape.append(jax.ShapeDtypeStruct((r, k), jnp.float32))
-  return out_shape, out_blocks, n_out
-
-
-def _assemble(outs, n_out: int, shape: tuple[int, ...], axis: int, tensor_scale, *, emit_operand: bool,
-              emit_transformed: bool):
-  """The kernel's outputs as an NVFP4Tensor (scales transposed back), then the optional extras."""
-  r, k = (shape[0], shape[1]) if axis == 1 else (shape[1], -(-shape[0] // OUTER) * OUTER)
-  kb = k // OUTER
-  codes, s_in_t, s_out_t = outs[:3]
-  tensor = tensor_scale is not None
-  t = NVFP4Tensor(codes=codes, scale_inner=s_in_t.T.astype(jnp.float8_e4m3fn),
-                  scale_outer=tensor_scale.astype(jnp.float32) if tensor else s_out_t.T,
-                  shape=shape, axis=axis, scaling="tensor" if tensor else "block", block_2d=False)
-  extra = []
-  if emit_operand:
-    extra.append(lax.bitcast_convert_type(outs[3], jnp.bfloat16).reshape(r, k))
-  if emit_transformed:
-    y = outs[n_out].reshape(r, kb, 2, OUTER // 2)  # [.., even/odd, i] -> element 2i + parity
-    extra.append(jnp.swapaxes(y, 2, 3).reshape(r, k))
-  return (t, *extra) if extra else t
-
-
 def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.Array | None, *, axis: int = -1,
                             rounding: Rounding = "stochastic", tensor_scale: jax.Array | None = None,
                             block: int = 64, max_concurrent_steps: int = 2, emit_operand: bool = False,
-                            emit_transformed: bool = False, k_splits: int | None = None, interpret: bool = False,
-                            _division: Division = "exact", _math: Math = "full", _tile_source: TileSource = "blocks",
+                            emit_transformed: bool = False, k_splits: int | None = None, flat_rows: bool = False,
+                            interpret: bool = False, _division: Division = "exact", _math: Math = "full",
+                            _tile_source: TileSource = "blocks",
                             _semantics: _platform.Semantics = _platform.DEFAULT_SEMANTICS):
   """The backward quantizer of a 2-D array in one pass: RHT-16 (or none), NVFP4 scales
   (double-block, or under a given per-tensor scale), stochastic rounding (or RTN).
@@ -242,23 +160,20 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
       divisor of Kp / 128; default: enough for four CTAs per SM,
       `_platform.k_splits`). Results do not depend on it: the random bits
       are a function of the canonical element position.
+    flat_rows: (axis=-1) quantize x as its row-major view of 128-wide rows,
+      zero-padded to a power-of-two bucket (`_flat_rows`), each flat row
+      drawing its original row's random bits: the same result, and every
+      small tensor of a bucket runs one kernel instance.
     interpret: run on the CPU in Mosaic GPU's interpreter.
     _division, _math: timing only (experiments.bench's attribution rows),
       results NOT the reference's: _division="hardware" divides each element
       by its scale with the plain x / s (scales stay exact); _math="none"
       keeps grid, TMA pipeline and stores but skips the transform and all
       tile math (codes and scales from the row keys: the memory ceiling).
-    _tile_source: where the quantizer reads the transformed tile: "smem"
-      (the dense transform's accumulator written back, then read in
-      [block, 8] slices by a rolled loop) or "registers" (sliced straight
-      from the accumulator, the eight inner blocks unrolled: no SMEM round
-      trip and no 32 KiB y buffer, a larger module) or "blocks" (each inner
-      block transformed by its own K=16 wgmma against the one [16, 16]
-      block of the transform and read from that accumulator: 8x fewer
-      MACs, and no [128, 128] transform or y tile in SMEM, so more CTAs
-      fit on an SM; `_block_transform`; the default, 7-24% faster than
-      "smem" on the H200). Same results bitwise (a non-finite input aside,
-      whose 128-block is NaN-scaled with zero codes either way);
+    _tile_source: where the quantizer reads the transformed tile (docs/KERNELS.md):
+      "blocks" (default: one K=16 wgmma per inner block, `_block_transform`),
+      "smem" (the dense [128, 128] transform's tile written back to SMEM) or
+      "registers" (sliced from the dense accumulator). Same results bitwise;
       `python -m experiments.bench kernels --only bwdquant` times all three.
     _semantics: Mosaic GPU's lowering semantics, "warpgroup" or "lane"
       (`_platform.quantizer_params`): the same kernel, lowered faster by lane.
@@ -273,10 +188,30 @@ def quantize_nvfp4_backward(x: jax.Array, signs_16: jax.Array | None, seed: jax.
   """
   if isinstance(seed, int):  # a Python int may not fit jit's int32 for it
     seed = np.uint32(seed)
-  return _backward_instance(x, signs_16, seed, tensor_scale, axis=axis, rounding=rounding, amax_only=False,
-                            block=block, max_concurrent_steps=max_concurrent_steps, emit_operand=emit_operand,
-                            emit_transformed=emit_transformed, k_splits=k_splits, interpret=interpret,
-                            _division=_division, _math=_math, _tile_source=_tile_source, _semantics=_semantics)
+  _backward_io.check_seed(seed, rounding, "quantize_nvfp4_backward")
+  opts = dict(axis=axis, rounding=rounding, amax_only=False, block=block, max_concurrent_steps=max_concurrent_steps,
+              emit_operand=emit_operand, emit_transformed=emit_transformed, k_splits=k_splits, interpret=interpret,
+              _division=_division, _math=_math, _tile_source=_tile_source, _semantics=_semantics)
+  if flat_rows:
+    return _flat_view(x, signs_16, seed, tensor_scale, opts)
+  keys = None
+  if seed is not None and jnp.ndim(x) == 2:  # other ranks: the instance raises before reading keys
+    keys = row_keys(seed, jnp.shape(x)[1] if axis == 0 else jnp.shape(x)[0]).reshape(1, -1)
+  return _backward_instance(x, signs_16, keys, tensor_scale, **opts)
+
+
+def _flat_view(x, signs_16, seed, tensor_scale, opts: dict):
+  """`quantize_nvfp4_backward` with flat_rows: the instance on `_flat_rows.to_flat(x)`, each
+  flat row with its original row's key and pair offset, and the results rejoined."""
+  shape = tuple(jnp.shape(x))
+  _flat_rows.check_flat_shape(shape, "quantize_nvfp4_backward")
+  if opts["axis"] not in (-1, 1):
+    raise ValueError(f"quantize_nvfp4_backward: flat_rows quantizes along the last axis; got axis={opts['axis']}.")
+  keys = None if seed is None else _flat_rows.row_keys_and_offsets(seed, shape)
+  out = _backward_instance(_flat_rows.to_flat(x), signs_16, keys, tensor_scale, **opts)
+  t, *extra = out if isinstance(out, tuple) else (out,)
+  t = _flat_rows.from_flat(t, shape)
+  return (t, *(_flat_rows.rows_from_flat(e, shape) for e in extra)) if extra else t
 
 
 def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1, block: int = 64,
@@ -295,13 +230,15 @@ def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1
 @_platform.one_lowering_per_instance("axis", "rounding", "amax_only", "block", "max_concurrent_steps", "emit_operand",
                                      "emit_transformed", "k_splits", "interpret", "_division", "_math", "_tile_source",
                                      "_semantics")
-def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: Rounding, amax_only: bool,
+def _backward_instance(x, signs_16, keys, tensor_scale, *, axis: int, rounding: Rounding, amax_only: bool,
                        block: int, max_concurrent_steps: int, emit_operand: bool, emit_transformed: bool,
                        k_splits: int | None, interpret: bool, _division: Division, _math: Math,
                        _tile_source: TileSource, _semantics: _platform.Semantics):
-  """The kernel instance behind `quantize_nvfp4_backward` and `transformed_amax` (amax_only)."""
+  """The kernel instance behind `quantize_nvfp4_backward` and `transformed_amax` (amax_only).
+  keys: uint32 [1, rows] row keys of the canonical rows (stochastic rounding; `row_keys`), or
+  [2, rows] row keys and pair offsets (the flat view); None for RTN."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
-  x, axis, r, k = _checked_input(x, signs_16, seed, axis=axis, block=block, emit_transformed=emit_transformed,
+  x, axis, r, k = _backward_io.checked_input(x, signs_16, axis=axis, block=block, emit_transformed=emit_transformed,
                                  _division=_division, _math=_math, _tile_source=_tile_source, rounding=rounding,
                                  tensor_scale=tensor_scale, _semantics=_semantics,
                                  name="transformed_amax" if amax_only else "quantize_nvfp4_backward")
@@ -314,11 +251,11 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
   f32_in = dtype == jnp.float32
   inputs = [x, transform_block(signs_16) if blocks else transform_matrix(signs_16)]
   if sr:
-    inputs.append(row_keys(seed, r).reshape(1, r))
+    inputs.append(keys)
   if tensor:
     inputs.append(jnp.broadcast_to(tensor_scale.astype(jnp.float32), (1, block)))
 
-  out_shape, out_blocks, n_out = _output_specs(r, k, block, emit_operand=emit_operand,
+  out_shape, out_blocks, n_out = _backward_io.output_specs(r, k, block, emit_operand=emit_operand,
                                                emit_transformed=emit_transformed, amax_only=amax_only)
   # Input tile in SMEM: [block, 128] (axis=-1) or [128, block] (axis=0, read MN-major by wgmma).
   in_block = (block, OUTER) if axis == 1 else (OUTER, block)
@@ -346,7 +283,13 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
     rows = pl.ds(lax.axis_index("rows") * block, block)
     j0 = lax.axis_index("k") * kb_part  # this CTA's first 128-block
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
-    key_rows = load_row_vector(keys_gmem.at[:, rows], keys_smem, bar_keys) if sr else None  # uint32 [block]
+    key_rows = pair_rows = None
+    if sr:  # uint32 [block] each: the rows' keys and (flat view) pair offsets
+      plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
+      plgpu.barrier_wait(bar_keys)
+      key_rows, *pair_rows = [plgpu.load(keys_smem.at[i], layout=plgpu.Layout.WGMMA.reduce(1))
+                              for i in range(keys.shape[0])]
+      pair_rows = pair_rows[0] if pair_rows else None
     s_tensor = load_row_vector(scale_gmem, *scale_refs) if tensor else None  # float32 [block]
     plgpu.barrier_wait(bar_bt)
     b_op = bt_smem.transpose((1, 0))  # [K=128 in, N=128 out]
@@ -429,7 +372,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
         outs_smem[0].at[slot][0, :] = tile_abs_max(pairs, unrolled=not blocks)
       else:
         codes_s, s_in_s, s_out_s = outs_smem[0].at[slot], outs_smem[1].at[slot], outs_smem[2].at[slot]
-        quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER) if sr else rtn_rounding,
+        quantize_tile(pairs, _sr_rounding(key_rows, j * OUTER, pair_rows) if sr else rtn_rounding,
                       packed_store(codes_s, outs_smem[3].at[slot] if emit_operand else None), s_in_s, s_out_s,
                       interpret=interpret, with_operand=emit_operand, division=_division,
                       unrolled=_tile_source == "registers", tensor_s_out=s_tensor)
@@ -451,7 +394,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
   t_side = INNER if blocks else OUTER  # the transform: one inner block's [16, 16], or the dense [128, 128]
   scratch += [plgpu.SMEM((t_side, t_side), jnp.bfloat16, transforms=_platform.swizzled(jnp.bfloat16, t_side)), plgpu.Barrier()]
   if sr:
-    scratch += [plgpu.SMEM((1, block), jnp.uint32), plgpu.Barrier()]
+    scratch += [plgpu.SMEM((keys.shape[0], block), jnp.uint32), plgpu.Barrier()]
   if tensor:
     scratch += row_vector_scratch(block)
   if y_in_smem:  # the transformed tile, for the SMEM tile source or the emitted y
@@ -464,7 +407,7 @@ def _backward_instance(x, signs_16, seed, tensor_scale, *, axis: int, rounding: 
     outs = call(*inputs)
   if amax_only:
     return outs[0]
-  return _assemble(outs, n_out, shape, axis, tensor_scale, emit_operand=emit_operand,
+  return _backward_io.assemble(outs, n_out, shape, axis, tensor_scale, emit_operand=emit_operand,
                    emit_transformed=emit_transformed)
 
 

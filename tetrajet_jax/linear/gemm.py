@@ -149,7 +149,8 @@ def _interpret(name: str) -> dict:
   return {"interpret": True} if name in _interpreted else {}
 
 
-def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block") -> NVFP4Tensor | None:
+def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
+                 flat_rows: bool = False) -> NVFP4Tensor | None:
   """The fused Pallas RTN quantizer along x's last axis where the backend
   runs it, bitwise equal to quantize_nvfp4(x, axis=-1, scaling=scaling); else
   None (XLA).
@@ -160,6 +161,8 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block") 
   Tensor scaling: XLA reduces the tensor's amax first (no CTA sees the whole
   tensor); the XLA quantizer pads K only to 16 there, so a K that is not a
   multiple of 128 stays on XLA (the GEMM needs both operands padded alike).
+  flat_rows (the weights): the kernel's flat view, one instance for every small tensor
+  (`kernels.quantize_nvfp4_rtn`); the same result.
   """
   tensor = scaling == "tensor"
   if tensor and x.shape[-1] % OUTER_BLOCK:
@@ -169,13 +172,14 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block") 
   if not _kernel_runs("rtn", can, backend, f"RTN quantizer for {x.dtype}{x.shape}"):
     return None
   scale = tensor_outer_scale(jnp.max(jnp.abs(x)).astype(jnp.float32)) if tensor else None
-  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), tensor_scale=scale, **_interpret("rtn"))
+  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), tensor_scale=scale,
+                                 flat_rows=flat_rows and x.ndim == 2, **_interpret("rtn"))
   return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
 
 
 def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array | None, *, axis: int,
                       rounding: Rounding = "stochastic", scaling: Scaling = "block",
-                      backend: Backend) -> NVFP4Tensor | None:
+                      backend: Backend, flat_rows: bool = False) -> NVFP4Tensor | None:
   """The fused Pallas backward quantizer (RHT-16 if rht_key is given, NVFP4
   scales, stochastic rounding or RTN, in one pass) where the backend runs it,
   else None (XLA).
@@ -187,7 +191,8 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   do (the kernel's transform differs from the XLA butterfly only in FP32
   accumulation order; without RHT they are x itself). Tensor scaling first
   takes the amax of the transformed values (`kernels.transformed_amax`, or an
-  XLA reduction of |x| without RHT).
+  XLA reduction of |x| without RHT). flat_rows (the weights, along the last axis): the
+  kernel's flat view, one instance for every small tensor; the same result.
   """
   can = backend in ("auto", "pallas") and kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis)
   what = (f"{'RHT + ' if rht_key is not None else ''}{rounding} {scaling}-scaled quantizer for {x.dtype}{x.shape} "
@@ -202,7 +207,7 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
             else kernels.transformed_amax(x, signs, axis=axis, **_interpret("backward")))
     scale = tensor_outer_scale(amax)
   return kernels.quantize_nvfp4_backward(x, signs, seed, axis=axis, rounding=rounding, tensor_scale=scale,
-                                         **_interpret("backward"))
+                                         flat_rows=flat_rows and axis in (-1, 1), **_interpret("backward"))
 
 
 def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16) -> jax.Array:

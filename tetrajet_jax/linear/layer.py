@@ -74,7 +74,7 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
   if not cfg.enabled:
     return jnp.moveaxis(x.astype(jnp.float32), axis, -1)  # same canonical layout
   if cfg.rounding == "nearest" and _kernel_layout(x, recipe, weight):
-    fused = rtn_quantize(x if axis in (-1, 1) else x.T, backend, scaling=recipe.scaling)
+    fused = rtn_quantize(x if axis in (-1, 1) else x.T, backend, scaling=recipe.scaling, flat_rows=weight)
     if fused is not None:
       return fused  # bitwise equal to quantize_nvfp4(x, axis=axis, scaling=...) in canonical layout
   return quantize_nvfp4(
@@ -91,7 +91,7 @@ def _quantize_rht(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, rht_key: ja
   cfg = recipe.quantizers[i - 1]
   if cfg.enabled and (rht or cfg.rounding == "stochastic") and _kernel_layout(x, recipe, weight):
     fused = backward_quantize(x, rht_key if rht else None, keys.q[i - 1], axis=axis, rounding=cfg.rounding,
-                              scaling=recipe.scaling, backend=backend)
+                              scaling=recipe.scaling, backend=backend, flat_rows=weight)
     if fused is not None:
       return fused
   return _quantize(_rht(x.astype(jnp.float32), rht_key, rht, axis), i, recipe, keys, axis=axis, weight=weight,
