@@ -57,6 +57,7 @@ ATTRIBUTION = (
 # faster to lower; these rows check it bitwise against the default and time it.
 LANE_SUFFIX = " lane semantics"
 DENSE_SUFFIX = " dense transform (SMEM tile)"
+REGISTERS_SUFFIX = " tiles from registers (unrolled, larger module)"
 
 
 def _same_as(ref_key):
@@ -218,29 +219,18 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
                 pk[0], pk[1], dt, nb + (out[1].nbytes if emit else 0), bw(times), times[xla])))
       _label(jobs, start, f"rht+sr {dname} axis={axis}")
       exact = (f"pallas rht+sr {dname} axis={axis}", shape)
-      # The quantizer reading the wgmma accumulator in registers, unrolled: what the SMEM round
-      # trip of the transformed tile costs (bitwise the same codes and scales).
-      rk = (exact[0] + " tiles from registers (unrolled, larger module)", shape)
-      jobs.append(Job(rk, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
-                                                                            _tile_source="registers"),
-                      (x, signs, jnp.uint32(4)),
-                      check=_same_as(exact),
-                      row=lambda dt, out, times, rk=rk, nb=nb, bw=bw, xla=xla: _quant_row(
-                          rk[0], rk[1], dt, nb, bw(times), times[xla])))
-      # The dense [128, 128] transform with its tile written back to SMEM (the default before the
-      # per-block transform): bitwise the same.
-      bk = (exact[0] + DENSE_SUFFIX, shape)
-      jobs.append(Job(bk, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
-                                                                            _tile_source="smem"),
-                      (x, signs, jnp.uint32(4)), check=_same_as(exact),
-                      row=lambda dt, out, times, bk=bk, nb=nb, bw=bw, xla=xla: _quant_row(
-                          bk[0], bk[1], dt, nb, bw(times), times[xla])))
-      lane = (exact[0] + LANE_SUFFIX, shape)
-      jobs.append(Job(lane, lambda v, sg, sd, axis=axis: quantize_nvfp4_backward(v, sg, sd, axis=axis,
-                                                                              _semantics="lane"),
-                      (x, signs, jnp.uint32(4)), check=_same_as(exact),
-                      row=lambda dt, out, times, lane=lane, nb=nb, bw=bw, xla=xla: _quant_row(
-                          lane[0], lane[1], dt, nb, bw(times), times[xla])))
+      # Variants, each bitwise the default: the quantizer reading the dense wgmma accumulator in
+      # registers, unrolled (what the SMEM round trip of the transformed tile costs); the dense
+      # [128, 128] transform with its tile written back to SMEM (the default before the per-block
+      # transform); lane semantics.
+      for suffix, knobs in ((REGISTERS_SUFFIX, dict(_tile_source="registers")),
+                            (DENSE_SUFFIX, dict(_tile_source="smem")), (LANE_SUFFIX, dict(_semantics="lane"))):
+        vk = (exact[0] + suffix, shape)
+        jobs.append(Job(vk, lambda v, sg, sd, axis=axis, knobs=knobs: quantize_nvfp4_backward(v, sg, sd, axis=axis,
+                                                                                             **knobs),
+                        (x, signs, jnp.uint32(4)), check=_same_as(exact),
+                        row=lambda dt, out, times, vk=vk, nb=nb, bw=bw, xla=xla: _quant_row(
+                            vk[0], vk[1], dt, nb, bw(times), times[xla])))
       jobs += _tiling_jobs(exact, tilings, lambda rows, steps, axis=axis: lambda v, sg, sd: quantize_nvfp4_backward(
           v, sg, sd, axis=axis, block=rows, max_concurrent_steps=steps), (x, signs, jnp.uint32(4)), nb, bw, xla)
       if dtype == jnp.bfloat16 and axis == -1:
