@@ -146,4 +146,3 @@ def swizzled(dtype, minor: int) -> tuple:
   bits = jnp.dtype(dtype).itemsize * 8
   swizzle = plgpu.find_swizzle(minor * bits)
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
-
