@@ -25,7 +25,7 @@ def check_seed(seed, rounding, name: str) -> None:
 
 
 def checked_input(x, signs_16, *, axis, block, emit_transformed, _division, _math, _tile_source,
-                   rounding="stochastic", tensor_scale=None, _semantics=_platform.DEFAULT_SEMANTICS, name="quantize_nvfp4_backward"):
+                   tensor_scale=None, _semantics=_platform.DEFAULT_SEMANTICS, name="quantize_nvfp4_backward"):
   """Validates `quantize_nvfp4_backward`'s arguments (ValueError says what to change) and returns
   (x in canonical orientation, axis 0/1, canonical rows r, quantized length k); axis 0 pads the
   tokens to a multiple of 128."""

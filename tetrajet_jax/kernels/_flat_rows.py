@@ -59,6 +59,14 @@ def row_keys_and_offsets(seed: jax.Array, shape: tuple[int, int]) -> jax.Array:
   return jnp.pad(jnp.stack([keys, offsets]), ((0, 0), (0, pad)))
 
 
+def rejoin(out, shape: tuple[int, int]):
+  """A kernel's result on the flat view (an NVFP4Tensor, or one followed by per-element extras
+  such as the bf16 operand) as its result on the [R, K] array."""
+  t, *extra = out if isinstance(out, tuple) else (out,)
+  t = from_flat(t, shape)
+  return (t, *(rows_from_flat(e, shape) for e in extra)) if extra else t
+
+
 def from_flat(t: NVFP4Tensor, shape: tuple[int, int]) -> NVFP4Tensor:
   """The quantized flat view (canonical [bucket rows, 128]) as the quantization of the
   [R, K] array along its last axis: padding rows dropped, rows rejoined."""

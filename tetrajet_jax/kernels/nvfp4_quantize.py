@@ -305,10 +305,7 @@ def quantize_nvfp4_rtn(x: jax.Array, tensor_scale: jax.Array | None = None, *, b
   if not flat_rows:
     return _rtn_instance(x, **opts)
   _flat_rows.check_flat_shape(jnp.shape(x), "quantize_nvfp4_rtn")
-  out = _rtn_instance(_flat_rows.to_flat(x), **opts)
-  if not emit_operand:
-    return _flat_rows.from_flat(out, x.shape)
-  return _flat_rows.from_flat(out[0], x.shape), _flat_rows.rows_from_flat(out[1], x.shape)
+  return _flat_rows.rejoin(_rtn_instance(_flat_rows.to_flat(x), **opts), x.shape)
 
 
 @_platform.one_lowering_per_instance("block_rows", "max_concurrent_steps", "packing", "emit_operand", "k_splits",
@@ -397,12 +394,17 @@ def row_vector_scratch(bm: int) -> list:
 
 
 def load_row_vector(vec_gmem, vec_smem, barrier) -> jax.Array:
-  """float32 [bm] in the row layout of a wgmma tile (one value per row) from a [1, bm] GMEM
-  array: how the tensor-scaled kernels receive the per-tensor scale (broadcast by XLA), as the
-  backward kernel receives its row keys."""
+  """[bm] in the row layout of a wgmma tile (one value per row) from a [1, bm] GMEM array: how
+  the tensor-scaled kernels receive the per-tensor scale (broadcast by XLA)."""
+  return load_row_vectors(vec_gmem, vec_smem, barrier)[0]
+
+
+def load_row_vectors(vec_gmem, vec_smem, barrier) -> list[jax.Array]:
+  """Each row of an [n, bm] GMEM array as a [bm] vector in the row layout of a wgmma tile (one
+  TMA copy for all n): the backward kernel's row keys (and, in the flat view, pair offsets)."""
   plgpu.copy_gmem_to_smem(vec_gmem, vec_smem, barrier)
   plgpu.barrier_wait(barrier)
-  return plgpu.load(vec_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))
+  return [plgpu.load(vec_smem.at[i], layout=plgpu.Layout.WGMMA.reduce(1)) for i in range(vec_smem.shape[0])]
 
 
 def check_tensor_scale(tensor_scale, name: str) -> None:

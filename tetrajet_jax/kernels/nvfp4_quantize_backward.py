@@ -56,7 +56,8 @@ from jax import lax
 
 from tetrajet_jax.kernels import _backward_io, _flat_rows, _platform
 from tetrajet_jax.kernels._rht_operands import split3, transform_block, transform_matrix
-from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, load_row_vector, packed_store,
+from tetrajet_jax.kernels.nvfp4_quantize import (INNER, OUTER, Division, Math, load_row_vector, load_row_vectors,
+                                                 packed_store,
                                                  quantize_tile, row_vector_scratch, rtn_rounding, store_trivial_tile,
                                                  tile_abs_max)
 from tetrajet_jax.numerics import NVFP4Tensor, quantize_nvfp4, random_hadamard_16
@@ -209,9 +210,7 @@ def _flat_view(x, signs_16, seed, tensor_scale, opts: dict):
     raise ValueError(f"quantize_nvfp4_backward: flat_rows quantizes along the last axis; got axis={opts['axis']}.")
   keys = None if seed is None else _flat_rows.row_keys_and_offsets(seed, shape)
   out = _backward_instance(_flat_rows.to_flat(x), signs_16, keys, tensor_scale, **opts)
-  t, *extra = out if isinstance(out, tuple) else (out,)
-  t = _flat_rows.from_flat(t, shape)
-  return (t, *(_flat_rows.rows_from_flat(e, shape) for e in extra)) if extra else t
+  return _flat_rows.rejoin(out, shape)
 
 
 def transformed_amax(x: jax.Array, signs_16: jax.Array | None, *, axis: int = -1, block: int = 64,
@@ -239,7 +238,7 @@ def _backward_instance(x, signs_16, keys, tensor_scale, *, axis: int, rounding: 
   [2, rows] row keys and pair offsets (the flat view); None for RTN."""
   shape = tuple(jnp.shape(x))  # the logical shape (before axis 0's token padding)
   x, axis, r, k = _backward_io.checked_input(x, signs_16, axis=axis, block=block, emit_transformed=emit_transformed,
-                                 _division=_division, _math=_math, _tile_source=_tile_source, rounding=rounding,
+                                 _division=_division, _math=_math, _tile_source=_tile_source,
                                  tensor_scale=tensor_scale, _semantics=_semantics,
                                  name="transformed_amax" if amax_only else "quantize_nvfp4_backward")
   sr = rounding == "stochastic"
@@ -285,10 +284,7 @@ def _backward_instance(x, signs_16, keys, tensor_scale, *, axis: int, rounding: 
     plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar_bt)
     key_rows = pair_rows = None
     if sr:  # uint32 [block] each: the rows' keys and (flat view) pair offsets
-      plgpu.copy_gmem_to_smem(keys_gmem.at[:, rows], keys_smem, bar_keys)
-      plgpu.barrier_wait(bar_keys)
-      key_rows, *pair_rows = [plgpu.load(keys_smem.at[i], layout=plgpu.Layout.WGMMA.reduce(1))
-                              for i in range(keys.shape[0])]
+      key_rows, *pair_rows = load_row_vectors(keys_gmem.at[:, rows], keys_smem, bar_keys)
       pair_rows = pair_rows[0] if pair_rows else None
     s_tensor = load_row_vector(scale_gmem, *scale_refs) if tensor else None  # float32 [block]
     plgpu.barrier_wait(bar_bt)
