@@ -610,6 +610,30 @@ def test_mxfp8_axis_padding(rng):
   np.testing.assert_array_equal(np.asarray(tj.dequantize(t)), (data * np.repeat(np.exp2(e), 32, -1))[:, :50].T)
 
 
+
+@pytest.mark.parametrize("kind", ["normal", "tiny", "huge", "zero_blocks", "wide_range"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_mxfp8_values_in_place_bitwise(rng, kind, axis):
+  """mxfp8_values (blocks along `axis` where it lies) is bitwise the dequantized
+  quantize_mxfp8 and the NumPy rule, with padding (50 rows) and a NaN and an Inf block."""
+  x = _data(kind, rng, (50, 96))
+  x[3, 40] = np.nan
+  x[45, 70] = np.inf
+  for dtype in (jnp.float32, jnp.bfloat16):
+    xj = jnp.asarray(x).astype(dtype)
+    got = np.asarray(jax.jit(lambda v: nm.mxfp8_values(v, axis=axis))(xj))
+    want = np.asarray(tj.dequantize(tj.quantize_mxfp8(xj, axis=axis)))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  xt = np.moveaxis(np.asarray(xj, np.float32), axis, -1)
+  pad = (-xt.shape[-1]) % 32
+  data, e = ref.mxfp8(np.pad(xt, [(0, 0), (0, pad)]))
+  with np.errstate(invalid="ignore"):
+    v = (data * np.repeat(np.exp2(e), 32, -1))[:, :xt.shape[-1]]
+  blocks = np.pad(~np.isfinite(xt), [(0, 0), (0, pad)]).reshape(xt.shape[0], -1, 32).any(-1)
+  v[np.repeat(blocks, 32, -1)[:, :xt.shape[-1]]] = np.nan  # a block holding NaN/Inf is NaN
+  np.testing.assert_array_equal(np.moveaxis(got, axis, -1), v.astype(np.float32))
+
+
 # ---------------------------------------------------------------- bad input, NaN/Inf
 
 def test_bad_inputs():

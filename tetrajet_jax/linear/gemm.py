@@ -1,4 +1,5 @@
-"""GEMM execution for quantized operands: C = A @ B^T over the shared last axis.
+"""GEMM execution for quantized operands: C = A @ B^T over the shared last axis (`gemm_nt`),
+and C = A^T @ B over the shared first axis for dense operands (`gemm_tn`).
 
 Operands are NVFP4Tensor / MXFP8Tensor in canonical layout ([rows, Kp],
 quantized along the last axis) or plain arrays [rows, K]. The backend (a
@@ -235,3 +236,20 @@ def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.b
     return out.astype(out_dtype)
   out = _dot_nt(_pad_k(_dense(a, jnp.bfloat16), k), _pad_k(_dense(b, jnp.bfloat16), k))
   return out.astype(out_dtype)
+
+
+def gemm_tn(a: jax.Array, b: jax.Array, *, backend: Backend = "xla", out_dtype=jnp.float32) -> jax.Array:
+  """C[i, j] = sum_m A[m, i] B[m, j] of dense operands whose values are exact in bf16
+  (MXFP8 values: e4m3 * 2^e), FP32 accumulation, cast to out_dtype. The reduction
+  axis is the first of both, where the weight gradient's operands already have it:
+  no transposed copy. backend="reference" multiplies in FP32 at full precision."""
+  check_backend(backend)
+  contract = (((0,), (0,)), ((), ()))
+  if backend == "reference":
+    out = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), contract,
+                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  else:
+    out = lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
+                          preferred_element_type=jnp.float32)
+  return out.astype(out_dtype)
+

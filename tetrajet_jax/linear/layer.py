@@ -41,7 +41,7 @@ from tetrajet_jax.linear import recipes as recipes_lib
 from tetrajet_jax.linear import gemm as gemm_lib
 from tetrajet_jax.linear.gemm import backward_quantize, gemm_nt, rtn_quantize
 from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
-                                   dequantize_nvfp4_canonical, quantize_mxfp8, quantize_nvfp4,
+                                   dequantize_nvfp4_canonical, mxfp8_values, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
@@ -331,10 +331,11 @@ def _backward(recipe: Recipe, res: _Residuals, dy):
   if split is None:
     dw = dw_fp4
   else:
-    # Outlier channels: MXFP8 dY^T x MXFP8 X_hat_out^T along M, no RHT, no SR.
+    # Outlier channels: MXFP8 X_hat_out^T x MXFP8 dY along M, no RHT, no SR. Both operands' values
+    # in their own [M, *] layout: dY is neither widened nor transposed in HBM.
     x_out_hat = dequantize_mxfp8_canonical(res.x_out)[:m, :split.outlier.shape[0]]  # [M, n_out]
-    dw_out = gemm_nt(quantize_mxfp8(x_out_hat, axis=0), quantize_mxfp8(dy.astype(jnp.float32), axis=0),
-                     backend=backend, out_dtype=jnp.float32)  # [n_out, N]
+    dw_out = gemm_lib.gemm_tn(mxfp8_values(x_out_hat, axis=0), mxfp8_values(dy, axis=0),
+                              backend=backend)  # [n_out, N]
     rest = split.fp4
     dw = jnp.zeros((k, n), jnp.float32).at[rest].set(dw_fp4[:rest.shape[0]]).at[split.outlier].set(dw_out)
   return dx, dw[:k]

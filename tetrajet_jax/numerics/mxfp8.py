@@ -11,6 +11,7 @@ import dataclasses
 import functools
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from tetrajet_jax.numerics import checks
@@ -70,27 +71,52 @@ def _quantize_mxfp8(x: jax.Array, *, axis: int, check: bool) -> MXFP8Tensor:
   shape = tuple(x.shape)
   xc = checks.pad_axis_to_multiple(jnp.moveaxis(x, axis, -1), -1, MX_BLOCK)
   lead, k = xc.shape[:-1], xc.shape[-1]
-  xb = xc.reshape(*lead, k // MX_BLOCK, MX_BLOCK)
-  amax = jnp.abs(xb).max(axis=-1)
-  finite = jnp.isfinite(xb).all(axis=-1)
-  e = e8m0_exponent(amax, E4M3_MAX)  # [..., K/32]
+  data, e, finite = _round_blocks(xc.reshape(*lead, k // MX_BLOCK, MX_BLOCK), -1)
+  code = jnp.where(finite, e + E8M0_BIAS, E8M0_NAN).astype(jnp.uint8)[..., 0]
+  return MXFP8Tensor(data=data.reshape(*lead, k).astype(jnp.float8_e4m3fn), scale_e8m0=code, shape=shape,
+                     axis=axis)
+
+
+def _round_blocks(xb: jax.Array, block_axis: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The MXFP8 rule on blocks of 32 along `block_axis` of xb: (E4M3-rounded scaled
+  values as float32, the scale exponent e, whether the block is finite); e and
+  finite keep the block axis with length 1."""
+  amax = jnp.abs(xb).max(axis=block_axis, keepdims=True)
+  finite = jnp.isfinite(xb).all(axis=block_axis, keepdims=True)
+  e = e8m0_exponent(amax, E4M3_MAX)
   # Multiply by 2^-e in two exact power-of-two steps (2^-e alone may leave
   # the normal range); multiplications, since division is not correctly
   # rounded on every backend.
   e1 = e // 2
-  e2 = e - e1
-  scaled = xb * exp2_int(-e1)[..., None] * exp2_int(-e2)[..., None]
-  data = round_to_e4m3(scaled).reshape(*lead, k)
-  code = jnp.where(finite, e + E8M0_BIAS, E8M0_NAN).astype(jnp.uint8)
-  return MXFP8Tensor(data=data.astype(jnp.float8_e4m3fn), scale_e8m0=code, shape=shape, axis=axis)
+  return round_to_e4m3(xb * exp2_int(-e1) * exp2_int(-(e - e1))), e, finite
+
+
+def _scale_f32(e: jax.Array, finite: jax.Array) -> jax.Array:
+  """2^e as float32 (exact, also below the normal range), NaN where the block is not finite."""
+  e1 = e // 2
+  return jnp.where(finite, exp2_int(e1) * exp2_int(e - e1), jnp.nan)
 
 
 def mxfp8_scales_f32(t: MXFP8Tensor) -> jax.Array:
   """Per-block scales as float32 (NaN where the code is 0xFF)."""
-  e = t.scale_e8m0.astype(jnp.int32) - E8M0_BIAS
-  e1 = e // 2
-  s = exp2_int(e1) * exp2_int(e - e1)
-  return jnp.where(t.scale_e8m0 == E8M0_NAN, jnp.nan, s)
+  return _scale_f32(t.scale_e8m0.astype(jnp.int32) - E8M0_BIAS, t.scale_e8m0 != E8M0_NAN)
+
+
+@functools.partial(jax.jit, static_argnames=("axis",))
+def mxfp8_values(x: jax.Array, *, axis: int) -> jax.Array:
+  """dequantize_mxfp8(quantize_mxfp8(x, axis=axis)), bitwise, as float32 in x's own layout.
+
+  For an operand the caller only multiplies (OutControl's outlier weight gradient): the
+  blocks run along `axis` where it lies, so nothing is transposed, no codes are stored
+  and the values are one fused pass over x.
+  """
+  axis = checks.normalize_axis(axis, x.ndim, "mxfp8_values")
+  n = x.shape[axis]
+  xp = checks.pad_axis_to_multiple(x.astype(jnp.float32), axis, MX_BLOCK)
+  blocked = (*xp.shape[:axis], xp.shape[axis] // MX_BLOCK, MX_BLOCK, *xp.shape[axis + 1:])
+  data, e, finite = _round_blocks(xp.reshape(blocked), axis + 1)
+  v = (data * _scale_f32(e, finite)).reshape(xp.shape)
+  return lax.slice_in_dim(v, 0, n, axis=axis)
 
 
 def dequantize_mxfp8_canonical(t: MXFP8Tensor, dtype=jnp.float32) -> jax.Array:
