@@ -147,6 +147,31 @@ def test_any_outlier_count_forward_and_backward(rng):
   np.testing.assert_allclose(dw[out], want_dw_out, rtol=1e-5, atol=1e-5 * np.abs(want_dw_out).max())
 
 
+
+def test_outlier_product_joins_the_fp4_gemm_interpret(rng, key, monkeypatch):
+  """On the Pallas GEMM the MXFP8 outlier product is extra K chunks of the FP4 GEMM (one FP32
+  sum, one cast to bf16, no second GEMM): y agrees with the FP32 reference backend's up to bf16
+  rounding of nearly equal sums, while y without the outlier part is far off."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+  from tetrajet_jax.linear import interpret_kernels  # noqa: PLC0415
+
+  extras = []
+  run_gemm = kernels.nvfp4_gemm
+  monkeypatch.setattr(kernels, "nvfp4_gemm", lambda a, b, **kw: extras.append(kw.get("extra")) or run_gemm(a, b, **kw))
+  k = 256
+  idx = jnp.asarray(rng.choice(k, outlier_count(k, 0.1), replace=False), jnp.int32)
+  x = jnp.asarray(rng.standard_t(3.0, (128, k)) * np.where(np.isin(np.arange(k), idx), 20.0, 1.0), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, 128)) * 0.05, jnp.float32)
+  fwd = lambda backend: jax.jit(lambda x, w: tj.linear(
+      x, w, recipe=recipes.get("tetrajet_v2_outcontrol", backend=backend), key=key, outlier_idx=idx))(x, w)
+  with interpret_kernels("gemm", "rtn"):
+    fused = np.asarray(fwd("auto"), np.float64)
+  assert len(extras) == 1 and extras[0] is not None and extras[0][0].shape == (128, 32 * -(-idx.size // 32))
+  want = np.asarray(fwd("reference"), np.float64)
+  np.testing.assert_allclose(fused, want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
+  fp4_only = fused - _mxfp8_values(np.asarray(x, np.float32)[:, idx]) @ _mxfp8_values(np.asarray(w)[idx].T).T
+  assert np.abs(fp4_only - want).max() > 0.1 * np.abs(want).max()
+
 # ------------------------------------------------------------------------ the trainer
 
 

@@ -99,6 +99,28 @@ def test_gemm_bf16_output_interpret(rng):
   np.testing.assert_allclose(np.asarray(out, np.float64), reference64(a, b), rtol=2**-8, atol=1e-30)
 
 
+
+@pytest.mark.parametrize("n_extra", [38, 160])
+def test_gemm_extra_chunks_join_the_sum_interpret(rng, n_extra):
+  """OutControl's outlier product (MXFP8 values, exact in bf16) as extra K chunks of outer scale
+  1: one FP32 sum with the FP4 product, rounded once. 160 columns take two extra chunks; a kernel
+  that dropped or scaled them, or rounded the FP4 part to bf16 first, would fail."""
+  from tetrajet_jax.numerics import dequantize_mxfp8_canonical, quantize_mxfp8  # noqa: PLC0415
+
+  a, b = operands(rng, 128, 256, 128)
+  xa = quantize_mxfp8(jnp.asarray(rng.standard_normal((128, n_extra)) * 300, jnp.float32))
+  xb = quantize_mxfp8(jnp.asarray(rng.standard_normal((128, n_extra)), jnp.float32))
+  va, vb = (np.asarray(dequantize_mxfp8_canonical(t), np.float64) for t in (xa, xb))
+  extra = tuple(dequantize_mxfp8_canonical(t, jnp.bfloat16) for t in (xa, xb))
+  ref = reference64(a, b) + va @ vb.T
+  assert rel_err(reference64(a, b), ref) > 1e-2  # the extra product is not negligible here
+  out = nvfp4_gemm(a, b, extra=extra, out_dtype=jnp.float32, config=SMALL, interpret=True)
+  assert rel_err(out, ref) < 1e-5
+  out_bf16 = nvfp4_gemm(a, b, extra=extra, config=SMALL, interpret=True)
+  np.testing.assert_array_equal(np.asarray(out_bf16), np.asarray(out.astype(jnp.bfloat16)))
+  with pytest.raises(ValueError, match="extra operand b must be"):
+    nvfp4_gemm(a, b, extra=(extra[0], extra[1][:64]), config=SMALL, interpret=True)
+
 def test_gemm_rejects_bad_operands(rng):
   a, b = operands(rng, 128, 128, 128)
   with pytest.raises(ValueError, match="multiples of the CTA tile"):
@@ -139,3 +161,16 @@ def test_gemm_matches_reference_gpu(rng, mkn):
   out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32))(a, b)
   assert rel_err(out, reference64(a, b)) < 1e-5
   assert can_use_pallas_gemm(m, n, k) and can_use_nvfp4_gemm(a, b)
+
+
+@pytest.mark.gpu
+def test_gemm_extra_chunks_gpu(rng):
+  """The outlier chunks compiled for Hopper: 102 MXFP8 channels beside a [4096, 1024] x [1024, 2048] GEMM."""
+  from tetrajet_jax.numerics import dequantize_mxfp8_canonical, quantize_mxfp8  # noqa: PLC0415
+
+  a, b = operands(rng, 4096, 1024, 2048)
+  xa, xb = (quantize_mxfp8(jnp.asarray(rng.standard_normal((r, 102)) * 300, jnp.float32)) for r in (4096, 2048))
+  va, vb = (np.asarray(dequantize_mxfp8_canonical(t), np.float64) for t in (xa, xb))
+  extra = tuple(dequantize_mxfp8_canonical(t, jnp.bfloat16) for t in (xa, xb))
+  out = jax.jit(lambda a, b, e: nvfp4_gemm(a, b, extra=e, out_dtype=jnp.float32))(a, b, extra)
+  assert rel_err(out, reference64(a, b) + va @ vb.T) < 1e-5

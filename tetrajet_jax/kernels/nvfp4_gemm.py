@@ -283,8 +283,9 @@ def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
 
 
 @_platform.one_lowering_per_instance("out_dtype", "config", "k_splits", "interpret")
-def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG,
-               k_splits: int | None = None, interpret: bool = False) -> jax.Array:
+def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, extra: tuple[jax.Array, jax.Array] | None = None,
+               out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG, k_splits: int | None = None,
+               interpret: bool = False) -> jax.Array:
   """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].
 
   a and b are 2-D NVFP4Tensors; their canonical layout (quantized axis moved
@@ -293,6 +294,9 @@ def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config
   products, FP32 accumulation, outer scales promoted once per 128-wide K
   chunk. Block scaling (1x16 E4M3 in 1x128 FP32) or tensor scaling (scalar
   outer scale), mixed freely. Padding of K is zeros and changes nothing.
+  extra: (A2 [M, E], B2 [N, E]) with values exact in bf16 (MXFP8's e4m3 * 2^e):
+  A2 @ B2^T joins the same FP32 sum as ceil(E / 128) more K chunks with outer
+  scale 1, so C is rounded to out_dtype once (OutControl's outlier channels).
   k_splits: as in `block_scaled_bf16_gemm` (default: split K while the
   output tiles leave SMs idle).
 
@@ -306,8 +310,23 @@ def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, out_dtype=jnp.bfloat16, config
                      f"logical shapes {a.shape} (axis {a.axis}) and {b.shape} (axis {b.axis}) must share K.")
   a_qs, a_so = nvfp4_bf16_operand(a)
   b_qs, b_so = nvfp4_bf16_operand(b)
+  if extra is not None:
+    (a_qs, a_so), (b_qs, b_so) = (_with_extra_chunks(qs, so, x, which)
+                                  for qs, so, x, which in ((a_qs, a_so, extra[0], "a"), (b_qs, b_so, extra[1], "b")))
   return block_scaled_bf16_gemm(a_qs, a_so, b_qs, b_so, out_dtype=out_dtype, config=config, k_splits=k_splits,
                                 interpret=interpret)
+
+
+def _with_extra_chunks(qs: jax.Array, so: jax.Array, x: jax.Array, which: str) -> tuple[jax.Array, jax.Array]:
+  """The operand with x appended along K (zero-padded to a multiple of 128), outer scale 1."""
+  rows = qs.shape[0]
+  if x.ndim != 2 or x.shape[0] != rows or x.shape[1] == 0:
+    raise ValueError(f"nvfp4_gemm: extra operand {which} must be [{rows}, E] with E > 0, got {x.shape}.")
+  chunks = -(-x.shape[1] // CHUNK_K)
+  x = jnp.pad(x.astype(jnp.bfloat16), ((0, 0), (0, chunks * CHUNK_K - x.shape[1])))
+  so = jnp.broadcast_to(jnp.asarray(so, jnp.float32), (rows, qs.shape[1] // CHUNK_K))
+  return (jnp.concatenate([qs, x], axis=1),
+          jnp.concatenate([so, jnp.ones((rows, chunks), jnp.float32)], axis=1))
 
 
 def can_use_nvfp4_gemm(a, b, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:

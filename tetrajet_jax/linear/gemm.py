@@ -211,8 +211,14 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
                                          flat_rows=flat_rows and axis in (-1, 1), **_interpret("backward"))
 
 
-def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16) -> jax.Array:
+def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16,
+            extra: tuple[Operand, Operand] | None = None) -> jax.Array:
   """C[i, j] = sum_k A[i, k] B[j, k] with FP32 accumulation, cast to out_dtype.
+
+  extra: (A2, B2), MXFP8 or dense operands of their own reduction length whose
+  product joins the same FP32 sum before the one cast (OutControl's outlier
+  channels). The Pallas GEMM takes them as more K chunks of outer scale 1; XLA adds
+  a second product.
 
   Raises:
     BackendUnavailableError: backend="pallas", two NVFP4 operands, and the
@@ -224,7 +230,12 @@ def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.b
   if both_fp4:
     can = backend in ("auto", "pallas") and kernels.can_use_nvfp4_gemm(a, b)
     if _kernel_runs("gemm", can, backend, f"NVFP4 GEMM for {a.shape} x {b.shape}^T"):
-      return kernels.nvfp4_gemm(a, b, out_dtype=out_dtype, **_interpret("gemm"))
+      dense_extra = None if extra is None else tuple(_dense(op, jnp.bfloat16) for op in extra)
+      return kernels.nvfp4_gemm(a, b, extra=dense_extra, out_dtype=out_dtype, **_interpret("gemm"))
+  if extra is not None:
+    out = gemm_nt(a, b, backend=backend, out_dtype=jnp.float32) + gemm_nt(*extra, backend=backend,
+                                                                            out_dtype=jnp.float32)
+    return out.astype(out_dtype)
   if backend == "reference":
     out = _dot_nt(_pad_k(_dense(a, jnp.float32), k), _pad_k(_dense(b, jnp.float32), k),
                   precision=lax.Precision.HIGHEST)

@@ -252,12 +252,10 @@ def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe):
     x_out = quantize_mxfp8(x[:, split.outlier], axis=-1)
   xq = _quantize(x_fp4, 1, recipe, keys, axis=-1, backend=backend)  # [M, K'] along K
   wq = _fp4_weight(kernel, None if split is None else split.fp4, recipe, keys)  # [N, K'] along K
-  # Without outliers the GEMM's epilogue rounds to the output dtype itself (the same RNE cast as
-  # XLA's): no float32 [M, N] round trip through HBM.
-  y = gemm_nt(xq, wq, backend=backend, out_dtype=recipe.out_dtype if x_out is None else jnp.float32)
-  if x_out is not None:
-    w_out = quantize_mxfp8(kernel[split.outlier], axis=0)  # [N, n_out] along K
-    y = y + gemm_nt(x_out, w_out, backend=backend, out_dtype=jnp.float32)
+  # The outlier channels' MXFP8 product joins the FP4 product's FP32 sum, and the GEMM's epilogue
+  # rounds to the output dtype once (the same RNE cast as XLA's): no float32 [M, N] through HBM.
+  extra = None if x_out is None else (x_out, quantize_mxfp8(kernel[split.outlier], axis=0))  # w: [N, n_out]
+  y = gemm_nt(xq, wq, backend=backend, out_dtype=recipe.out_dtype, extra=extra)
   q6_pre = None
   if not recipe.aligned_backward:
     # Non-aligned (NVIDIA): Q6 quantizes the high-precision X; doing it now

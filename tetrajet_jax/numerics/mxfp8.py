@@ -81,8 +81,17 @@ def _round_blocks(xb: jax.Array, block_axis: int) -> tuple[jax.Array, jax.Array,
   """The MXFP8 rule on blocks of 32 along `block_axis` of xb: (E4M3-rounded scaled
   values as float32, the scale exponent e, whether the block is finite); e and
   finite keep the block axis with length 1."""
-  amax = jnp.abs(xb).max(axis=block_axis, keepdims=True)
-  finite = jnp.isfinite(xb).all(axis=block_axis, keepdims=True)
+  if block_axis in (-1, xb.ndim - 1):
+    amax = jnp.abs(xb).max(axis=block_axis, keepdims=True)
+    finite = jnp.isfinite(xb).all(axis=block_axis, keepdims=True)
+  else:
+    # Blocks across rows (e.g. along tokens of a row-major [M, N]): a chain of elementwise
+    # maxima over the block's 32 slices, which XLA emits as one coalesced loop; its
+    # reduction over a short middle axis ran at a tenth of memory speed on an H100.
+    # The maximum propagates NaN, and |Inf| = Inf: the block is finite iff its amax is.
+    slices = [lax.slice_in_dim(xb, i, i + 1, axis=block_axis) for i in range(MX_BLOCK)]
+    amax = functools.reduce(jnp.maximum, map(jnp.abs, slices))
+    finite = jnp.isfinite(amax)
   e = e8m0_exponent(amax, E4M3_MAX)
   # Multiply by 2^-e in two exact power-of-two steps (2^-e alone may leave
   # the normal range); multiplications, since division is not correctly
