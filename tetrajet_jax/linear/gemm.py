@@ -263,4 +263,3 @@ def gemm_tn(a: jax.Array, b: jax.Array, *, backend: Backend = "xla", out_dtype=j
     out = lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
                           preferred_element_type=jnp.float32)
   return out.astype(out_dtype)
-

@@ -116,8 +116,8 @@ def mxfp8_values(x: jax.Array, *, axis: int) -> jax.Array:
   """dequantize_mxfp8(quantize_mxfp8(x, axis=axis)), bitwise, as float32 in x's own layout.
 
   For an operand the caller only multiplies (OutControl's outlier weight gradient): the
-  blocks run along `axis` where it lies, so nothing is transposed, no codes are stored
-  and the values are one fused pass over x.
+  blocks run along `axis` where it lies, so nothing is transposed and no codes are stored:
+  one pass over x for the block amax, one for the values.
   """
   axis = checks.normalize_axis(axis, x.ndim, "mxfp8_values")
   n = x.shape[axis]
