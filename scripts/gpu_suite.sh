@@ -83,8 +83,10 @@ stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --m
   ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} ${TRAIN_SEMANTICS:+--quantizer-semantics "$TRAIN_SEMANTICS"} \
   --out "$OUT/bench_train.json"
 # Where one arm's step spends its GPU time, per part and per instruction (one process per arm).
+# The profile takes one model: PROFILE_MODEL, by default the first of TRAIN_MODELS.
 for arm in ${PROFILE_ARMS:-bf16 tetrajet_v2}; do
-  stage "profile_$arm" "${T_PROFILE:-240}" python3 -m experiments.bench profile --model "${TRAIN_MODELS:-20m}" \
+  stage "profile_$arm" "${T_PROFILE:-240}" python3 -m experiments.bench profile \
+    --model "${PROFILE_MODEL:-$(echo "${TRAIN_MODELS:-20m}" | cut -d, -f1)}" \
     --arm "$arm" --backend "${TRAIN_BACKEND:-auto}" --scan-blocks "${TRAIN_SCAN:-on}" \
     ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} --out "$OUT/profile_$arm.json"
 done

@@ -610,7 +610,6 @@ def test_mxfp8_axis_padding(rng):
   np.testing.assert_array_equal(np.asarray(tj.dequantize(t)), (data * np.repeat(np.exp2(e), 32, -1))[:, :50].T)
 
 
-
 @pytest.mark.parametrize("kind", ["normal", "tiny", "huge", "zero_blocks", "wide_range"])
 @pytest.mark.parametrize("axis", [0, 1])
 def test_mxfp8_values_in_place_bitwise(rng, kind, axis):

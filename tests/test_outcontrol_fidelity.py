@@ -147,7 +147,6 @@ def test_any_outlier_count_forward_and_backward(rng):
   np.testing.assert_allclose(dw[out], want_dw_out, rtol=1e-5, atol=1e-5 * np.abs(want_dw_out).max())
 
 
-
 def test_outlier_product_joins_the_fp4_gemm_interpret(rng, key, monkeypatch):
   """On the Pallas GEMM the MXFP8 outlier product is extra K chunks of the FP4 GEMM (one FP32
   sum, one cast to bf16, no second GEMM): y agrees with the FP32 reference backend's up to bf16
@@ -171,6 +170,7 @@ def test_outlier_product_joins_the_fp4_gemm_interpret(rng, key, monkeypatch):
   np.testing.assert_allclose(fused, want, rtol=2**-8, atol=1e-6 * np.abs(want).max())
   fp4_only = fused - _mxfp8_values(np.asarray(x, np.float32)[:, idx]) @ _mxfp8_values(np.asarray(w)[idx].T).T
   assert np.abs(fp4_only - want).max() > 0.1 * np.abs(want).max()
+
 
 # ------------------------------------------------------------------------ the trainer
 

@@ -99,7 +99,6 @@ def test_gemm_bf16_output_interpret(rng):
   np.testing.assert_allclose(np.asarray(out, np.float64), reference64(a, b), rtol=2**-8, atol=1e-30)
 
 
-
 @pytest.mark.parametrize("n_extra", [38, 160])
 def test_gemm_extra_chunks_join_the_sum_interpret(rng, n_extra):
   """OutControl's outlier product (MXFP8 values, exact in bf16) as extra K chunks of outer scale
@@ -120,6 +119,7 @@ def test_gemm_extra_chunks_join_the_sum_interpret(rng, n_extra):
   np.testing.assert_array_equal(np.asarray(out_bf16), np.asarray(out.astype(jnp.bfloat16)))
   with pytest.raises(ValueError, match="extra operand b must be"):
     nvfp4_gemm(a, b, extra=(extra[0], extra[1][:64]), config=SMALL, interpret=True)
+
 
 def test_gemm_rejects_bad_operands(rng):
   a, b = operands(rng, 128, 128, 128)

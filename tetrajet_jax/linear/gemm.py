@@ -255,11 +255,8 @@ def gemm_tn(a: jax.Array, b: jax.Array, *, backend: Backend = "xla", out_dtype=j
   axis is the first of both, where the weight gradient's operands already have it:
   no transposed copy. backend="reference" multiplies in FP32 at full precision."""
   check_backend(backend)
-  contract = (((0,), (0,)), ((), ()))
-  if backend == "reference":
-    out = lax.dot_general(a.astype(jnp.float32), b.astype(jnp.float32), contract,
-                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  else:
-    out = lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), contract,
-                          preferred_element_type=jnp.float32)
+  exact = backend == "reference"
+  dtype = jnp.float32 if exact else jnp.bfloat16
+  out = lax.dot_general(a.astype(dtype), b.astype(dtype), (((0,), (0,)), ((), ())),
+                        precision=lax.Precision.HIGHEST if exact else None, preferred_element_type=jnp.float32)
   return out.astype(out_dtype)
