@@ -1,10 +1,35 @@
-# Sourced by the GPU scripts: the 20m ablation's fixed settings,
-# in one place so that every probe runs exactly the steps the results folders
-# were trained with. Change them only together with new results folders
-# (the runner refuses to --resume a folder whose run.json differs).
-# --scan-blocks: every arm so far trained scanned (since 1f04657), and on the
-# GPU host a scanned FP4 step compiles 2.5x faster, which a short arm's
-# wall time feels more than the 1.2-1.4x slower steps (docs/notes/training.md).
-ABLATION_FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
-                --eval-every 40 --eval-batches 8 --downstream all --downstream-limit 500 --keep-checkpoints 0
-                --no-progress --scan-blocks)
+# Sourced by the GPU scripts: each ablation's fixed settings and results folder,
+# chosen by ABLATION_SET, in one place so that every probe runs exactly the steps
+# its results folders were trained with. Change a set's flags only together with
+# a new results folder (the runner refuses to --resume a folder whose run.json
+# differs). Sets:
+#   h200_20m    the first small ablation: 20m, 10.5M tokens per arm, data order 0 for every seed.
+#   stage1_20m  the reproduction's stage 1: 20m, 300M tokens per arm (9,156 steps of 32,768 tokens, 1.75
+#               passes over the train split), seed s with data order s; OsciReset and
+#               OutControl at their defaults (the reference's values, scaled to the schedule).
+# --scan-blocks: every arm of both sets trains scanned (since 1f04657). On the GPU host a
+# scanned FP4 step compiles 2.5x faster; unrolled steps are 1.2-1.4x faster
+# (docs/notes/training.md), a gain a 300M-token arm would feel, but one set keeps one model
+# graph for all its arms and seeds.
+ABLATION_SET="${ABLATION_SET:-h200_20m}"
+case "$ABLATION_SET" in
+  h200_20m)
+    ABLATION_DIR=experiments/results/h200_20m
+    ABLATION_DATA_SEED=fixed
+    ABLATION_FLAGS=(--model 20m --tokens 10485760 --batch-size 32 --seq-len 1024 --data bpe16384 --data-seed 0
+                    --eval-every 40 --eval-batches 8 --downstream all --downstream-limit 500 --keep-checkpoints 0
+                    --no-progress --scan-blocks) ;;
+  stage1_20m)
+    ABLATION_DIR=experiments/results/stage1_20m
+    ABLATION_DATA_SEED=seed
+    ABLATION_FLAGS=(--model 20m --tokens 300023808 --batch-size 32 --seq-len 1024 --data bpe16384
+                    --eval-every 100 --eval-batches 8 --downstream all --downstream-limit 500
+                    --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks) ;;
+  *)
+    echo "unknown ABLATION_SET '$ABLATION_SET' (known: h200_20m, stage1_20m)" >&2
+    return 2 2>/dev/null || exit 2 ;;
+esac
+# The per-seed flags of a set: the seed, and the data order where it follows the seed.
+seed_flags() {
+  if [ "$ABLATION_DATA_SEED" = seed ]; then echo "--seed $1 --data-seed $1"; else echo "--seed $1"; fi
+}

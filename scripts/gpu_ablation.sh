@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The 20m NVFP4 training ablation on an H200 host, within one time limit.
-# Runs (or resumes) the arms of one or more seeds' results folders under
-# experiments/results/h200_20m/ and packs the finished arms' raw metrics
-# (run.json, provenance.json, <arm>/{config.json,metrics.jsonl,final.json})
-# into $OUT/ablation.tgz: unpack it in the repo root and commit it. A later
-# run resumes with the remaining arms (finished arms are reused, never
-# re-run), so all arms keep the same data order, seed and schedule.
+# An NVFP4 training ablation on a GPU host, within one time limit.
+# ABLATION_SET (scripts/ablation_flags.sh) names the flags and the results
+# folder, experiments/results/<set>/seed<N>. Runs (or resumes) the arms of one
+# or more seeds and packs the finished arms' raw metrics (run.json,
+# provenance.json, <arm>/{config.json,metrics.jsonl,final.json,
+# latent_histogram.json}) into $OUT/ablation.tgz: unpack it in the repo root
+# and commit it. A later run resumes with the remaining arms (finished arms are
+# reused, never re-run), so all arms keep the same data order, seed and schedule.
+#
+# The arms train in runs/<set>/seed<N> (ignored by git, so that a machine
+# kept between commands keeps it): that folder starts as a copy of the
+# committed one, and an arm cut off by LIMIT resumes from its checkpoints there
+# in the next command on the same machine (on a fresh machine it restarts).
 #
 # Why one process per arm (PARALLEL=1, the default): compiling an FP4 arm's
 # train step takes minutes of CPU time on this machine while a 20m model
@@ -21,7 +27,7 @@
 # of GPU memory while it trains (XLA attention's score tensors): five at once
 # ran out of the H200's memory, so give at most four arms at a time.
 #
-#   JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
+#   [ABLATION_SET=stage1_20m] JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
 #   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] bash scripts/gpu_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
@@ -38,7 +44,11 @@ PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 source scripts/ablation_flags.sh
 FLAGS=("${ABLATION_FLAGS[@]}")
-run_dir() { echo "experiments/results/h200_20m/seed$1"; }
+run_dir() { echo "runs/$ABLATION_SET/seed$1"; }
+for job in $JOBS; do  # start each seed's folder from its committed raw files
+  dir=$(run_dir "${job%%:*}")
+  [ -d "$dir" ] || { mkdir -p "$dir"; committed="$ABLATION_DIR/seed${job%%:*}"; [ -d "$committed" ] && cp -r "$committed/." "$dir/"; }
+done
 
 source scripts/gpu_env.sh
 
@@ -59,7 +69,7 @@ if [ "$PRECOMPILE_LIMIT" -gt 0 ]; then
     for arm in ${arms//,/ }; do
       case " $seen " in *" $seed:$arm "*) continue ;; esac  # same seed, same arm: same compiled step
       seen="$seen $seed:$arm"
-      timeout -k 10 "$PRECOMPILE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "$seed" --arms "$arm" \
+      timeout -k 10 "$PRECOMPILE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" $(seed_flags "$seed") --arms "$arm" \
         --out "$out" --resume --precompile >"$WORK/precompile_${seed}_${arm}_$(basename "$out").log" 2>&1 &
       pids+=($!)
     done
@@ -77,11 +87,11 @@ for job in $JOBS; do
   if [ "$PARALLEL" = 1 ]; then groups=${arms//,/ }; else groups=$arms; fi
   for group in $groups; do
     n_procs=$((n_procs + 1))
-    echo "python -m experiments.ablation ${FLAGS[*]} --seed $seed --arms $group --out $(run_dir "$seed") --resume" \
+    echo "python -m experiments.ablation ${FLAGS[*]} $(seed_flags "$seed") --arms $group --out $(run_dir "$seed") --resume" \
       | tee -a "$LOG"
     # TERM at LIMIT: the runner stops its arm (an unfinished arm restarts from
     # scratch in a later run on a fresh machine: its checkpoints stay here).
-    timeout -k 20 "$LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "$seed" --arms "$group" \
+    timeout -k 20 "$LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" $(seed_flags "$seed") --arms "$group" \
       --out "$(run_dir "$seed")" --resume >"$WORK/run_${seed}_${group//,/+}.log" 2>&1 &
     pids+=($!)
   done
@@ -99,7 +109,7 @@ files=()
 for job in $JOBS; do
   seed=${job%%:*}
   dir=$(run_dir "$seed")
-  python3 - "$dir" "$COMMIT" "$device" "${FLAGS[*]} --seed $seed --arms ${job#*:} --out $dir --resume" "$wall" \
+  python3 - "$dir" "$COMMIT" "$device" "${FLAGS[*]} $(seed_flags "$seed") --arms ${job#*:} --out $ABLATION_DIR/seed$seed --resume" "$wall" \
     "$date_utc" "$n_procs" <<'PY' | tee -a "$LOG"
 import json, sys
 from pathlib import Path
@@ -110,7 +120,8 @@ records = json.loads(path.read_text()) if path.is_file() else []
 records = records if isinstance(records, list) else [records]
 records.append({"commit": commit, "device": device, "command": f"python -m experiments.ablation {flags}",
                 "wall_s": float(wall), "date": date, "concurrent_processes": int(n_procs),
-                "note": "arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures",
+                "note": ("arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures"
+                         if int(n_procs) > 1 else "one arm at a time on the GPU: final.json tokens/s are the arm's alone"),
                 "finished_arms": finished})
 path.write_text(json.dumps(records, indent=2) + "\n")
 print(f"{run_dir}: finished arms: {', '.join(finished) or 'none'} ({wall} s, {n_procs} processes)")
@@ -119,9 +130,12 @@ PY
   for d in "$dir"/*/; do
     d=${d%/}
     [ -f "$d/final.json" ] && files+=("$d/config.json" "$d/metrics.jsonl" "$d/final.json")
+    [ -f "$d/final.json" ] && [ -f "$d/latent_histogram.json" ] && files+=("$d/latent_histogram.json")
   done
 done
-tar -czf "$RETURN/ablation.tgz" "${files[@]}"  # now, in case the probe is cut off
+# Paths as committed: runs/<set>/... -> experiments/results/<set>/...
+to_results=(--transform "s,^runs/$ABLATION_SET,$ABLATION_DIR,")
+tar -czf "$RETURN/ablation.tgz" "${to_results[@]}" "${files[@]}"  # now, in case the probe is cut off
 # Arms cut off by LIMIT: their metrics so far (perf/elapsed_s, perf/eval_s show
 # where the time went), not results: they restart from scratch in a later run.
 partial=()
@@ -131,7 +145,7 @@ for job in $JOBS; do
     [ ! -f "$d/final.json" ] && [ -f "$d/metrics.jsonl" ] && partial+=("$d/metrics.jsonl")
   done
 done
-[ ${#partial[@]} -gt 0 ] && tar -czf "$RETURN/partial_metrics.tgz" "${partial[@]}" "$WORK"/run_*.log
+[ ${#partial[@]} -gt 0 ] && tar -czf "$RETURN/partial_metrics.tgz" "${to_results[@]}" "${partial[@]}" "$WORK"/run_*.log
 
 # Throughput of each arm alone (seed of the first job), same compiled steps;
 # stored beside that seed's arms as throughput_alone.json (read by the report).
@@ -143,7 +157,7 @@ if [ "$PROBE_STEPS" -gt 0 ]; then
   probe_arms=${PROBE_ARMS:-${first#*:}}
   alone="$(run_dir "${first%%:*}")/throughput_alone.json"
   echo "=== throughput probe: $probe_arms, $PROBE_STEPS steps each" | tee -a "$LOG"
-  timeout -k 10 "$PROBE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" --seed "${first%%:*}" \
+  timeout -k 10 "$PROBE_LIMIT" python3 -m experiments.ablation "${FLAGS[@]}" $(seed_flags "${first%%:*}") \
     --arms "$probe_arms" --out "$WORK/probe" --stop-after "$PROBE_STEPS" --eval-every 0 \
     --checkpoint-every 100000 >"$RETURN/throughput_probe.log" 2>&1
   tail -n 12 "$RETURN/throughput_probe.log" | tee -a "$LOG"
@@ -156,7 +170,7 @@ merged = json.loads(old.read_text()) if old.is_file() else {}
 merged.update({arm: dict(fig, commit=commit) for arm, fig in json.loads(new.read_text()).items()})
 old.write_text(json.dumps(merged, indent=2) + "\n")
 PY
-    tar -czf "$RETURN/ablation.tgz" "${files[@]}" "$alone"
+    tar -czf "$RETURN/ablation.tgz" "${to_results[@]}" "${files[@]}" "$alone"
   fi
 fi
 echo "done in $((SECONDS - t0)) s" | tee -a "$LOG"
