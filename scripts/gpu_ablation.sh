@@ -28,7 +28,8 @@
 # ran out of the H200's memory, so give at most four arms at a time.
 #
 #   [ABLATION_SET=stage1_20m] JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
-#   LIMIT=420 PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] bash scripts/gpu_ablation.sh
+#   LIMIT=420 [DEADLINE=540] [PARALLEL=0] PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] \
+#   bash scripts/gpu_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
 RETURN="${OUT:-results/h200}"
@@ -78,6 +79,9 @@ if [ "$PRECOMPILE_LIMIT" -gt 0 ]; then
   echo "=== precompiled in $((SECONDS - t0)) s:" | tee -a "$LOG"
   cat "$WORK"/precompile_*.log | grep -E "compiled|nothing to compile|rror" | tee -a "$LOG"
 fi
+# DEADLINE (seconds from this script's start): the arms get what is left of it
+# after the precompilation, instead of a fixed LIMIT.
+[ -n "${DEADLINE:-}" ] && LIMIT=$((DEADLINE - SECONDS))
 t_arms=$SECONDS
 pids=()
 n_procs=0
