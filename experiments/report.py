@@ -238,7 +238,8 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                   f"error up to {accuracy_standard_error(min(docs)):.3f}" if docs else "") + ". "
                f"Gap closure = (PPL_nvidia - PPL_arm) / (PPL_nvidia - PPL_bf16), computed within "
                f"{folders[0].label} only. Tokens/s: median over the training steps of the arm alone on the "
-               "GPU (throughput_alone.json, else final.json of a run with no other arm beside it); an arm "
+               "GPU (final.json of a run with no other arm beside it, else the short probe in "
+               "throughput_alone.json); an arm "
                "that only trained side by side with others shows final.json's figure marked '(shared GPU)', "
                "a lower bound, and no ratio. The ratio is to bf16 of the same folder.")
   return lines + [""]

@@ -96,12 +96,13 @@ class RunFolder:
     return None
 
   def speed(self, arm: str) -> float | None:
-    """tokens/s that measure the arm's speed: alone on the GPU when probed, else
-    final.json's median if the arms did not share the GPU, else None."""
-    alone = (self.throughput_alone or {}).get(arm, {}).get("tokens_per_s")
-    if alone:
-      return alone
-    return None if self.shared_gpu else self.arm(arm).tokens_per_s
+    """tokens/s that measure the arm's speed: final.json's median over the whole run
+    when no arm shared the GPU with it, else the short probe alone on the GPU
+    (throughput_alone.json), else None. The whole run comes first because a probe
+    of a few dozen steps sees only an OutControl arm's first, pure-FP4 phase."""
+    if not self.shared_gpu and self.arm(arm).tokens_per_s:
+      return self.arm(arm).tokens_per_s
+    return (self.throughput_alone or {}).get(arm, {}).get("tokens_per_s")
 
   @property
   def exists(self) -> bool:
