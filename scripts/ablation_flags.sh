@@ -7,6 +7,8 @@
 #   stage1_20m  the reproduction's stage 1: 20m, 300M tokens per arm (9,156 steps of 32,768 tokens, 1.75
 #               passes over the train split), seed s with data order s; OsciReset and
 #               OutControl at their defaults (the reference's values, scaled to the schedule).
+#   stage2_70m  stage 2: the reference's 70M shape (8 layers, d 512), 600M tokens per arm
+#               (18,311 steps, 3.5 passes over the train split), seed s with data order s.
 # --scan-blocks: every arm of both sets trains scanned (since 1f04657). On the GPU host a
 # scanned FP4 step compiles 2.5x faster; unrolled steps are 1.2-1.4x faster
 # (docs/notes/training.md), a gain a 300M-token arm would feel, but one set keeps one model
@@ -25,8 +27,14 @@ case "$ABLATION_SET" in
     ABLATION_FLAGS=(--model 20m --tokens 300023808 --batch-size 32 --seq-len 1024 --data bpe16384
                     --eval-every 100 --eval-batches 8 --downstream all --downstream-limit 500
                     --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks) ;;
+  stage2_70m)
+    ABLATION_DIR=experiments/results/stage2_70m
+    ABLATION_DATA_SEED=seed
+    ABLATION_FLAGS=(--model 70m --tokens 600014848 --batch-size 32 --seq-len 1024 --data bpe16384
+                    --eval-every 200 --eval-batches 8 --downstream all --downstream-limit 500
+                    --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks) ;;
   *)
-    echo "unknown ABLATION_SET '$ABLATION_SET' (known: h200_20m, stage1_20m)" >&2
+    echo "unknown ABLATION_SET '$ABLATION_SET' (known: h200_20m, stage1_20m, stage2_70m)" >&2
     return 2 2>/dev/null || exit 2 ;;
 esac
 # The per-seed flags of a set: the seed, and the data order where it follows the seed.
