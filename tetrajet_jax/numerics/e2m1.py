@@ -29,10 +29,6 @@ _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _TIE_ROUNDS_UP = (False, True, False, True, False, True, False)
 
 
-def _grid_lookup(idx: jax.Array) -> jax.Array:
-  return jnp.asarray(E2M1_GRID)[idx.astype(jnp.int32)]
-
-
 def with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
   """E2M1 codes (uint8) of magnitude indices and signs; zero stays +0."""
   idx = idx.astype(jnp.uint8)
@@ -129,10 +125,19 @@ def round_e2m1_stochastic(v: jax.Array, key: jax.Array) -> jax.Array:
 
 
 def decode_e2m1(codes: jax.Array) -> jax.Array:
-  """float32 values of E2M1 codes (uint8, 0..15)."""
-  codes = codes.astype(jnp.int32)
-  mag = _grid_lookup(codes & 0x7)
-  return jnp.where((codes & 0x8) != 0, -mag, mag)
+  """float32 values of E2M1 codes (uint8, 0..15), assembled from bits.
+
+  Magnitude index i = 2e + m: i >= 2 is 2^(e-1) (1 + m/2), i = 1 is 0.5, i = 0 is 0; bit 3 is
+  the sign (code 8 is -0). No lookup table: a table is an array constant that every decode
+  in a graph shares, and XLA's GPU sibling fusion then merges decodes of equal element count
+  into one loop that writes the second operand transposed (uncoalesced, at a tenth of memory
+  speed); scalar constants are not shared operands.
+  """
+  codes = codes.astype(jnp.uint32)
+  idx = codes & jnp.uint32(0x7)
+  normal = (((idx >> 1) + jnp.uint32(126)) << 23) | ((idx & jnp.uint32(1)) << 22)
+  mag = jnp.where(idx >= 2, normal, jnp.where(idx == 1, jnp.uint32(126 << 23), jnp.uint32(0)))
+  return lax.bitcast_convert_type(mag | ((codes & jnp.uint32(0x8)) << 28), jnp.float32)
 
 
 def pack_e2m1(codes: jax.Array) -> jax.Array:
@@ -151,9 +156,11 @@ def unpack_e2m1(packed: jax.Array) -> jax.Array:
   fuses the broadcast into whatever consumes the codes as index arithmetic,
   while a stack becomes a concatenation along a minor axis of 2, whose fused
   GPU kernel writes with stride 2 (the decode pass in front of every FP4 GEMM
-  ran at a third of memory speed that way).
+  ran at a third of memory speed that way). The shifts come from an iota, not
+  an array constant, for the reason `decode_e2m1` gives.
   """
   packed = jnp.asarray(packed, jnp.uint8)
   pairs = jnp.broadcast_to(packed[..., None], (*packed.shape, 2))
-  codes = (pairs >> jnp.array([0, 4], jnp.uint8)) & jnp.uint8(0xF)
+  shifts = lax.broadcasted_iota(jnp.uint8, pairs.shape, pairs.ndim - 1) * jnp.uint8(4)
+  codes = (pairs >> shifts) & jnp.uint8(0xF)
   return codes.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
