@@ -14,6 +14,9 @@
 # (docs/notes/training.md), a gain a 300M-token arm would feel, but one set keeps one model
 # graph for all its arms and seeds.
 ABLATION_SET="${ABLATION_SET:-h200_20m}"
+# What the reproduction's stages share: 32 x 1024 tokens per step, all downstream tasks at the end.
+STAGE_FLAGS=(--batch-size 32 --seq-len 1024 --data bpe16384 --downstream all --downstream-limit 500
+             --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks --eval-batches 8)
 case "$ABLATION_SET" in
   h200_20m)
     ABLATION_DIR=experiments/results/h200_20m
@@ -24,15 +27,11 @@ case "$ABLATION_SET" in
   stage1_20m)
     ABLATION_DIR=experiments/results/stage1_20m
     ABLATION_DATA_SEED=seed
-    ABLATION_FLAGS=(--model 20m --tokens 300023808 --batch-size 32 --seq-len 1024 --data bpe16384
-                    --eval-every 100 --eval-batches 8 --downstream all --downstream-limit 500
-                    --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks) ;;
+    ABLATION_FLAGS=(--model 20m --tokens 300023808 --eval-every 100 "${STAGE_FLAGS[@]}") ;;
   stage2_70m)
     ABLATION_DIR=experiments/results/stage2_70m
     ABLATION_DATA_SEED=seed
-    ABLATION_FLAGS=(--model 70m --tokens 600014848 --batch-size 32 --seq-len 1024 --data bpe16384
-                    --eval-every 200 --eval-batches 8 --downstream all --downstream-limit 500
-                    --checkpoint-every 500 --keep-checkpoints 0 --no-progress --scan-blocks) ;;
+    ABLATION_FLAGS=(--model 70m --tokens 600014848 --eval-every 200 "${STAGE_FLAGS[@]}") ;;
   *)
     echo "unknown ABLATION_SET '$ABLATION_SET' (known: h200_20m, stage1_20m, stage2_70m)" >&2
     return 2 2>/dev/null || exit 2 ;;

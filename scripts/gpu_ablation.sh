@@ -43,7 +43,7 @@ PROBE_STEPS="${PROBE_STEPS:-0}"
 PROBE_LIMIT="${PROBE_LIMIT:-120}"
 PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-source scripts/ablation_flags.sh
+source scripts/ablation_flags.sh || exit 2
 FLAGS=("${ABLATION_FLAGS[@]}")
 run_dir() { echo "runs/$ABLATION_SET/seed$1"; }
 for job in $JOBS; do  # start each seed's folder from its committed raw files
