@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from tetrajet_jax.numerics.e2m1 import E2M1_GRID  # pylint: disable=wrong-import-position
-from tetrajet_jax.train.metrics import read_jsonl  # pylint: disable=wrong-import-position
+from tetrajet_jax.train.metrics import find_metrics, read_jsonl  # pylint: disable=wrong-import-position
 
 # The training loss is smoothed over about this many points per curve.
 SMOOTHING_POINTS = 50
@@ -60,9 +60,9 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
 
 def load_runs(results_dir: Path, arms: list[str] | None = None) -> dict[str, list[dict]]:
   runs = {}
-  for d in sorted(p for p in Path(results_dir).iterdir() if (p / "metrics.jsonl").is_file()):
+  for d in sorted(p for p in Path(results_dir).iterdir() if find_metrics(p) is not None):
     if arms is None or d.name in arms:
-      runs[d.name] = read_jsonl(d / "metrics.jsonl")
+      runs[d.name] = read_jsonl(find_metrics(d))
   if arms is not None:
     runs = {a: runs[a] for a in arms if a in runs}
   return runs
@@ -223,9 +223,18 @@ def _from_first_window(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarra
 
 
 def _layer_series(records: list[dict], prefix: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """Per-layer curves logged as ``<prefix>/<layer path>``."""
+  """Per-layer curves logged as ``<prefix>/<layer path>``. The trainer records those only when
+  they change (`MetricsWriter`'s changes_only), so each curve holds its last value up to the
+  last step the aggregate ``<prefix>`` was recorded at."""
   names = sorted({k[len(prefix) + 1:] for r in records for k in r if k.startswith(prefix + "/")})
-  return {n: _from_first_window(*series(records, f"{prefix}/{n}")) for n in names}
+  end = series(records, prefix)[0]
+  out = {}
+  for n in names:
+    s, v = series(records, f"{prefix}/{n}")
+    if s.size and end.size and end.max() > s[-1]:
+      s, v = np.append(s, end.max()), np.append(v, v[-1])
+    out[n] = _from_first_window(s, v)
+  return out
 
 
 def plot_oscillation(runs: dict[str, list[dict]], path: Path, phases: dict[str, dict] | None = None) -> Path | None:

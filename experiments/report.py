@@ -24,7 +24,7 @@ per folder::
 
     run.json                shared settings (seed, data seed, data)
     <arm>/config.json       the arm's config and derived schedule windows
-    <arm>/metrics.jsonl     per-step metrics (train/loss, val/*, osci/*)
+    <arm>/metrics.jsonl.xz  per-step metrics (train/loss, val/*, osci/*), or metrics.jsonl
     <arm>/final.json        final validation, downstream accuracy, tokens/s
     provenance.json         optional: {"commit", "device", "command", "wall_s", "date"} or a list of them
 

@@ -14,7 +14,7 @@ import numpy as np
 from experiments import plots
 from experiments.tables import LATENT_HISTOGRAM
 from tetrajet_jax.train.arms import ARMS
-from tetrajet_jax.train.metrics import read_jsonl
+from tetrajet_jax.train.metrics import find_metrics, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,10 +138,10 @@ def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
   arms = {}
   if path.is_dir():
     for d in sorted(p for p in path.iterdir() if p.is_dir()):
-      files = [d / n for n in ("config.json", "final.json", "metrics.jsonl")]
-      if any(f.is_file() for f in files):
-        arms[d.name] = ArmRun(d.name, config=_read_json(files[0]), final=_read_json(files[1]),
-                              records=read_jsonl(files[2]) if files[2].is_file() else [],
+      config, final, metrics = d / "config.json", d / "final.json", find_metrics(d)
+      if config.is_file() or final.is_file() or metrics is not None:
+        arms[d.name] = ArmRun(d.name, config=_read_json(config), final=_read_json(final),
+                              records=read_jsonl(metrics) if metrics is not None else [],
                               latent_histogram=_read_json(d / LATENT_HISTOGRAM))
   throughput_alone = _read_json(path / "throughput_alone.json")
   provenance = _read_json(path / "provenance.json")

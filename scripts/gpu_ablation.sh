@@ -3,7 +3,7 @@
 # ABLATION_SET (scripts/ablation_flags.sh) names the flags and the results
 # folder, experiments/results/<set>/seed<N>. Runs (or resumes) the arms of one
 # or more seeds and packs the finished arms' raw metrics (run.json,
-# provenance.json, <arm>/{config.json,metrics.jsonl,final.json,
+# provenance.json, <arm>/{config.json,metrics.jsonl.xz,final.json,
 # latent_histogram.json}) into $OUT/ablation.tgz: unpack it in the repo root
 # and commit it. A later run resumes with the remaining arms (finished arms are
 # reused, never re-run), so all arms keep the same data order, seed and schedule.
@@ -133,8 +133,12 @@ PY
   files+=("$dir/run.json" "$dir/provenance.json")
   for d in "$dir"/*/; do
     d=${d%/}
-    [ -f "$d/final.json" ] && files+=("$d/config.json" "$d/metrics.jsonl" "$d/final.json")
-    [ -f "$d/final.json" ] && [ -f "$d/latent_histogram.json" ] && files+=("$d/latent_histogram.json")
+    [ -f "$d/final.json" ] || continue
+    # Committed compressed (METRICS_FILE.xz, tetrajet_jax.train.metrics): a 300M-token arm's
+    # per-step records are ~4 MB as text, and the tracked tree travels with every command.
+    [ -f "$d/metrics.jsonl" ] && xz -9 -T0 -k -f "$d/metrics.jsonl"
+    files+=("$d/config.json" "$d/metrics.jsonl.xz" "$d/final.json")
+    [ -f "$d/latent_histogram.json" ] && files+=("$d/latent_histogram.json")
   done
 done
 # Paths as committed: runs/<set>/... -> experiments/results/<set>/...

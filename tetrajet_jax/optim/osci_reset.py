@@ -413,6 +413,12 @@ def find_osci_reset_state(opt_state: Any) -> OsciResetState:
   return find_state(opt_state, OsciResetState)
 
 
+def is_layer_metric(key: str) -> bool:
+  """Whether `key` is one of `osci_reset_metrics`' per-layer keys (``osci/<figure>/<path>``),
+  which change once per window: the trainer's metrics file records them when they change."""
+  return key.startswith("osci/") and key.count("/") >= 2
+
+
 def osci_reset_metrics(state: Any) -> dict[str, jax.Array]:
   """Slash-namespaced metrics from an OsciResetState (or an optimizer state holding one).
 

@@ -55,6 +55,7 @@ from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
 from tetrajet_jax.evaluation.perplexity import padded_token_bytes
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
+from tetrajet_jax.optim import is_layer_metric
 from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train import step as step_lib
@@ -168,7 +169,7 @@ class Trainer:
            "data": data.name, "data_root": data.root, "derived": self.derived()}, indent=2) + "\n",
           encoding="utf-8")
       truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
-      self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard)
+      self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard, changes_only=is_layer_metric)
 
   # ---- state and phases ------------------------------------------------------------------
 
