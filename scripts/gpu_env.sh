@@ -11,8 +11,10 @@ for w in .bundle/wheels/*.whl .whl/*.whl; do
 done
 python3 -c 'import matplotlib' 2>/dev/null || wheels+=(.whl/mpl/*.whl)
 shopt -u nullglob
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
+if [ ${#wheels[@]} -gt 0 ]; then  # none: a host that has every package already
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${wheels[@]}" >>"$LOG" 2>&1 || { echo "wheel install failed"; tail -5 "$LOG"; exit 1; }
+fi
 export PYTHONPATH="$PWD:/tmp/site"
 nvidia-smi -L | tee -a "$LOG"
 python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' 2>&1 | tee -a "$LOG"
