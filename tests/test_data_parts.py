@@ -91,6 +91,35 @@ def test_pack_cli(tmp_path, built, capsys):
   assert parts.check_parts(tmp_path / "p")["missing"] == []
 
 
+def test_transfer_folders_hold_every_part_once_and_unpack_in_place(tmp_path, built, capsys):
+  """--transfer-mib sorts the parts into transfer-N folders under the cap (parts.json in the
+  first); copied side by side they unpack as they are; a transfer not yet arrived is named."""
+  cap = 9000  # parts.json is about 6.6 kB here, the 13 parts 13 kB together
+  assert pack.main(["--out", str(tmp_path / "p"), "--tokenizer", "bpe300", "--cache", str(built),
+                    "--eval-tasks", "", "--no-wheels", "--jobs", "1", "--part-mib", str(1500 / 2**20),
+                    "--transfer-mib", str(cap / 2**20)]) == 0
+  assert "transfer-1" in capsys.readouterr().out
+  folders = sorted((tmp_path / "p").iterdir())
+  assert len(folders) > 2 and all(f.name.startswith("transfer-") and f.is_dir() for f in folders)
+  assert all(sum(x.stat().st_size for x in f.iterdir()) <= cap for f in folders)
+  manifest = parts.read_parts_manifest(tmp_path / "p")
+  placed = sorted(x.name for f in folders for x in f.iterdir() if x.name != parts.PARTS_MANIFEST)
+  assert placed == sorted(manifest["parts"])  # every part exactly once
+  assert (folders[0] / parts.PARTS_MANIFEST).is_file()
+  last = folders[-1]
+  held = tmp_path / "held"
+  last.rename(held)  # the last transfer has not arrived
+  assert unpack.main(["--parts", str(tmp_path / "p"), "--dest", str(tmp_path / "b")]) == 2
+  err = capsys.readouterr().err
+  assert all(x.name in err for x in held.iterdir())
+  assert not (tmp_path / "b").exists()
+  held.rename(last)
+  assert unpack.main(["--parts", str(tmp_path / "p"), "--dest", str(tmp_path / "b"), "--jobs", "1"]) == 0
+  bundle.verify_bundle(tmp_path / "b")
+  with pytest.raises(ValueError, match="smaller --part-mib"):
+    parts.group_for_transfers(folders[0], 100)
+
+
 @pytest.mark.parametrize("n", [0, 2, 10, 4096])
 def test_shuffle2_inverts(n):
   data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()

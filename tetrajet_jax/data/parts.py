@@ -9,9 +9,11 @@ bytes, then high bytes), which xz compresses better. ``parts.json`` lists
 every part (file, offset, length, sha256 of the raw range and of the part
 file) and every rebuilt file's size and sha256.
 
-Parts can arrive over several transfers into one folder; `check_parts`
-reports which are present and valid, and `unpack_parts` refuses to write
-anything final until every part is present and every checksum matches.
+Parts can arrive over several transfers, into one folder or into its
+subfolders: `group_for_transfers` sorts them into ``transfer-N`` subfolders of
+at most a given size (``parts.json`` in the first), one per transfer.
+`check_parts` reports which are present and valid, and `unpack_parts` refuses
+to write anything final until every part is present and every checksum matches.
 """
 
 from __future__ import annotations
@@ -157,13 +159,58 @@ def pack_files(files: dict[str, Path], out_dir: Path, *, max_part_bytes: int = M
   return manifest
 
 
+def group_for_transfers(parts_dir: Path, max_bytes: int) -> list[Path]:
+  """Moves the parts of ``parts_dir`` into subfolders ``transfer-1``, ``transfer-2``, ... of at
+  most ``max_bytes`` each (largest parts first, each into the first folder with room), with
+  ``parts.json`` in the first: one folder per transfer of that size. Returns the folders.
+
+  Raises:
+    ValueError: a part alone is larger than ``max_bytes``.
+  """
+  parts_dir = Path(parts_dir)
+  manifest = read_parts_manifest(parts_dir)
+  sizes = {name: part["bytes"] for name, part in manifest["parts"].items()}
+  first = (parts_dir / PARTS_MANIFEST).stat().st_size
+  if max(sizes.values(), default=0) + first > max_bytes:
+    raise ValueError(f"a part of {max(sizes.values()) / 2**20:.1f} MiB does not fit a transfer of "
+                     f"{max_bytes / 2**20:.1f} MiB; pack with a smaller --part-mib.")
+  groups: list[list[str]] = []
+  loads: list[int] = []
+  for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+    i = next((i for i, load in enumerate(loads) if load + sizes[name] <= max_bytes), len(loads))
+    if i == len(loads):
+      groups.append([])
+      loads.append(first if not groups[:-1] else 0)
+    groups[i].append(name)
+    loads[i] += sizes[name]
+  folders = []
+  for i, names in enumerate(groups, 1):
+    folder = parts_dir / f"transfer-{i}"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+      os.replace(parts_dir / name, folder / name)
+    folders.append(folder)
+  os.replace(parts_dir / PARTS_MANIFEST, folders[0] / PARTS_MANIFEST)
+  return folders
+
+
+def _located(parts_dir: Path, name: str) -> Path:
+  """Where a part or the manifest sits: ``parts_dir`` itself, else one of its subfolders
+  (transfers copied side by side); the top-level path when it is nowhere."""
+  parts_dir = Path(parts_dir)
+  if (parts_dir / name).is_file() or not parts_dir.is_dir():
+    return parts_dir / name
+  found = [sub / name for sub in sorted(parts_dir.iterdir()) if (sub / name).is_file()]
+  return found[0] if found else parts_dir / name
+
+
 def read_parts_manifest(parts_dir: Path) -> dict[str, Any]:
-  """The parts manifest.
+  """The parts manifest (in ``parts_dir`` or one of its subfolders).
 
   Raises:
     MissingPartsError: ``parts.json`` has not arrived (or is unreadable).
   """
-  manifest = cache.read_json(Path(parts_dir) / PARTS_MANIFEST)
+  manifest = cache.read_json(_located(parts_dir, PARTS_MANIFEST))
   if manifest is None or manifest.get("format") != _FORMAT:
     raise MissingPartsError(f"{parts_dir}/{PARTS_MANIFEST} is missing or unreadable; copy it from "
                             f"the packed folder (written by `{PACK_COMMAND}`).")
@@ -182,7 +229,7 @@ def check_parts(parts_dir: Path) -> dict[str, list[str]]:
   manifest = read_parts_manifest(parts_dir)
   status: dict[str, list[str]] = {"ok": [], "missing": [], "bad": []}
   for name, part in sorted(manifest["parts"].items()):
-    path = Path(parts_dir) / name
+    path = _located(parts_dir, name)
     if not path.is_file():
       status["missing"].append(name)
     elif path.stat().st_size != part["bytes"] or cache.sha256_file(path) != part["sha256"]:
@@ -193,7 +240,7 @@ def check_parts(parts_dir: Path) -> dict[str, list[str]]:
 
 
 def _unpack_part(parts_dir: Path, name: str, part: dict[str, Any], target: Path) -> None:
-  raw = _decompress((Path(parts_dir) / name).read_bytes(), part["transform"])
+  raw = _decompress(_located(parts_dir, name).read_bytes(), part["transform"])
   if len(raw) != part["length"] or _sha(raw) != part["raw_sha256"]:
     raise CorruptPartError(f"{parts_dir}/{name} decompresses to data that fails its checksum; "
                            f"copy that part again (or re-run `{PACK_COMMAND}`).")

@@ -27,7 +27,8 @@ from tetrajet_jax.data.locate import default_bundle_dir
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m tetrajet_jax.data.unpack", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--parts", type=Path, required=True, help="folder holding parts.json and parts")
+  p.add_argument("--parts", type=Path, required=True,
+                 help="folder holding parts.json and the parts, directly or in subfolders (transfer-N)")
   p.add_argument("--dest", type=Path, default=None, help="bundle folder (default .bundle)")
   p.add_argument("--check-only", action="store_true")
   p.add_argument("--jobs", type=int, default=None)
