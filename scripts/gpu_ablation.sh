@@ -28,7 +28,7 @@
 # ran out of the H200's memory, so give at most four arms at a time.
 #
 #   [ABLATION_SET=stage1_20m] JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
-#   LIMIT=420 [DEADLINE=540] [PARALLEL=0] PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] \
+#   LIMIT=420 [DEADLINE=540] [PARALLEL=0] [PRECOMPILE_BACKGROUND=1] PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] \
 #   bash scripts/gpu_ablation.sh
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
 set -uo pipefail
@@ -42,6 +42,10 @@ PARALLEL="${PARALLEL:-1}"
 PROBE_STEPS="${PROBE_STEPS:-0}"
 PROBE_LIMIT="${PROBE_LIMIT:-120}"
 PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
+# PRECOMPILE_BACKGROUND=1: the arms start at once and the precompilation runs beside them,
+# so with PARALLEL=0 the later arms compile on the host's cores while the first one trains
+# (the GPU does not wait for compilation it does not need yet).
+PRECOMPILE_BACKGROUND="${PRECOMPILE_BACKGROUND:-0}"
 COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 source scripts/ablation_flags.sh || exit 2
 FLAGS=("${ABLATION_FLAGS[@]}")
@@ -75,9 +79,12 @@ if [ "$PRECOMPILE_LIMIT" -gt 0 ]; then
       pids+=($!)
     done
   done
-  wait "${pids[@]}"
-  echo "=== precompiled in $((SECONDS - t0)) s:" | tee -a "$LOG"
-  cat "$WORK"/precompile_*.log | grep -E "compiled|nothing to compile|rror" | tee -a "$LOG"
+  precompile_pids=("${pids[@]}")
+  if [ "$PRECOMPILE_BACKGROUND" != 1 ]; then
+    wait "${precompile_pids[@]}"
+    echo "=== precompiled in $((SECONDS - t0)) s:" | tee -a "$LOG"
+    cat "$WORK"/precompile_*.log | grep -E "compiled|nothing to compile|rror" | tee -a "$LOG"
+  fi
 fi
 # DEADLINE (seconds from this script's start): the arms get what is left of it
 # after the precompilation, instead of a fixed LIMIT.
@@ -102,6 +109,11 @@ for job in $JOBS; do
 done
 wait "${pids[@]}"
 wall=$((SECONDS - t_arms))
+if [ "$PRECOMPILE_BACKGROUND" = 1 ] && [ "$PRECOMPILE_LIMIT" -gt 0 ]; then
+  wait "${precompile_pids[@]}"
+  echo "=== precompiled beside the arms:" | tee -a "$LOG"
+  cat "$WORK"/precompile_*.log | grep -E "compiled|nothing to compile|rror" | tee -a "$LOG"
+fi
 for f in "$WORK"/run_*.log; do
   echo "--- $(basename "$f")" >>"$LOG"
   grep -E "compiled and dispatched|trained in|final validation|done:|error|Error|interrupted|warning" "$f" \
