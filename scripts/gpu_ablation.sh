@@ -147,7 +147,7 @@ PY
     d=${d%/}
     [ -f "$d/final.json" ] || continue
     # Committed compressed (METRICS_FILE.xz, tetrajet_jax.train.metrics): a 300M-token arm's
-    # per-step records are ~4 MB as text, and the tracked tree travels with every command.
+    # per-step records are ~4 MB as text, 0.75 MB compressed.
     [ -f "$d/metrics.jsonl" ] && xz -9 -T0 -k -f "$d/metrics.jsonl"
     files+=("$d/config.json" "$d/metrics.jsonl.xz" "$d/final.json")
     [ -f "$d/latent_histogram.json" ] && files+=("$d/latent_histogram.json")
