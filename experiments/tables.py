@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tetrajet_jax.train.metrics import read_jsonl
+from tetrajet_jax.train.metrics import METRICS_FILE, read_jsonl
 
 # Per arm folder: the FP4 latent-weight histogram at the end of training (quantized arms
 # without OutControl), written by the runner, drawn by the report.
@@ -28,7 +28,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def median_tokens_per_s(arm_dir: Path) -> float | None:
   """Median of the per-step tokens/s in the arm's metrics (robust to the compile step)."""
-  recs = read_jsonl(arm_dir / "metrics.jsonl")
+  recs = read_jsonl(arm_dir / METRICS_FILE)
   rates = sorted(r["perf/tokens_per_s"] for r in recs if not math.isnan(r.get("perf/tokens_per_s", math.nan)))
   return rates[len(rates) // 2] if rates else None
 

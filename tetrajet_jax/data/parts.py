@@ -180,7 +180,7 @@ def group_for_transfers(parts_dir: Path, max_bytes: int) -> list[Path]:
     i = next((i for i, load in enumerate(loads) if load + sizes[name] <= max_bytes), len(loads))
     if i == len(loads):
       groups.append([])
-      loads.append(first if not groups[:-1] else 0)
+      loads.append(first if len(groups) == 1 else 0)  # parts.json travels with the first
     groups[i].append(name)
     loads[i] += sizes[name]
   folders = []

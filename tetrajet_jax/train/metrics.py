@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+import numpy as np
+
 METRICS_FILE = "metrics.jsonl"
 # The archived form a results folder commits (xz-compressed JSONL: a 300M-token arm's
 # per-step records are about 4 MB as text, 0.75 MB compressed).
 ARCHIVED_METRICS_FILE = METRICS_FILE + ".xz"
-
-import jax
-import numpy as np
 
 # Dense bf16 peak FLOP/s per chip, for the MFU-style ratio. Devices not listed
 # report FLOP/s only.

@@ -62,7 +62,8 @@ from tetrajet_jax.train import step as step_lib
 from tetrajet_jax.train import validation
 from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
-from tetrajet_jax.train.metrics import MetricsWriter, Throughput, peak_flops, to_host, truncate_jsonl
+from tetrajet_jax.train.metrics import (METRICS_FILE, MetricsWriter, Throughput, peak_flops, to_host,
+                                        truncate_jsonl)
 from tetrajet_jax.train.optimizer import build_optimizer, split_optimizer
 
 __all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer"]
@@ -168,7 +169,7 @@ class Trainer:
           {"train": dataclasses.asdict(config), "model": dataclasses.asdict(self.model_config),
            "data": data.name, "data_root": data.root, "derived": self.derived()}, indent=2) + "\n",
           encoding="utf-8")
-      truncate_jsonl(self.workdir / "metrics.jsonl", after_step=self.step)
+      truncate_jsonl(self.workdir / METRICS_FILE, after_step=self.step)
       self.writer = MetricsWriter(self.workdir, tensorboard=tensorboard, changes_only=is_layer_metric)
 
   # ---- state and phases ------------------------------------------------------------------
