@@ -203,10 +203,11 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    f"[{calib['start']}, {calib['start'] + calib['length']})" if calib else "-",
                    fmt(final.get("val", {}).get("tokens"), ",.0f"),
                    fmt(final.get("wall_s_this_session"), ",.0f"),
-                   f"`{folder.trained_at(name)}`" if folder.trained_at(name) else "n/a"])
+                   f"`{folder.trained_at(name)}`" if folder.trained_at(name) else "n/a",
+                   folder.trained_on(name) or "n/a"])
     lines += markdown_table(["arm", "status", "steps", "tokens", "warmup", "OsciReset S / P / T / tau",
                              "OutControl calibration steps", "final-eval tokens", "wall s (last session)",
-                             "trained at commit"], rows)
+                             "trained at commit", "device"], rows)
     lines += ["", "OsciReset S / P / T / tau: first reset step, period, window, threshold (config.json "
               "`derived.osci_reset`; arms without OsciReset monitor oscillation on the same windows). "
               "Wall time: final.json `wall_s_this_session` (the last runner session of that arm only). "
@@ -222,13 +223,11 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
   for folder in folders:
     finals = {a: folder.arm(a).final or {"status": folder.arm(a).status} for a in folder.listed_arms}
     header, rows, _ = comparison(finals, tasks)
-    bf16_speed = folder.speed("bf16")
     for name, row in zip(finals, rows):
-      speed = folder.speed(name)
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
-                      + [closure, _speed_cell(speed, folder.arm(name).tokens_per_s),
-                         fmt_ratio(speed / bf16_speed if speed and bf16_speed else None)])
+                      + [closure, _speed_cell(folder.speed(name), folder.arm(name).tokens_per_s),
+                         fmt_ratio(folder.speed_ratio(name))])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
@@ -241,7 +240,8 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                "GPU (final.json of a run with no other arm beside it, else the short probe in "
                "throughput_alone.json); an arm "
                "that only trained side by side with others shows final.json's figure marked '(shared GPU)', "
-               "a lower bound, and no ratio. The ratio is to bf16 of the same folder.")
+               "a lower bound, and no ratio. The ratio is to bf16 of the same folder trained on the same GPU "
+               "model (the device column of the settings table); across GPU models it is n/a.")
   return lines + [""]
 
 
@@ -416,9 +416,8 @@ def _oscireset_claims(ref: RunFolder) -> list[str]:
 
 
 def _speed_claim(ref: RunFolder) -> str:
-  rates = {a: ref.speed(a) for a in ref.listed_arms}
   devices = ", ".join(sorted({str(r.get("device")) for r in ref.provenance or []})) or "not recorded"
-  fp4 = [rates[a] / rates["bf16"] for a in rates if a != "bf16" and rates[a] and rates.get("bf16")]
+  fp4 = [r for r in (ref.speed_ratio(a) for a in ref.listed_arms if a != "bf16") if r]
   speed = (f"FP4 arms run at {fmt_ratio(min(fp4))} to {fmt_ratio(max(fp4))} bf16's tokens/s here" if fp4
            else "n/a (needs bf16 and an FP4 arm with tokens/s measured alone on the GPU)")
   return _claim("Speed", speed,

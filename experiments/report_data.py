@@ -88,12 +88,26 @@ class RunFolder:
     """Whether a device run of this folder trained several arms side by side on one GPU."""
     return any(int(r.get("concurrent_processes", 1)) > 1 for r in self.provenance or [])
 
+  def _finishing_run(self, arm: str) -> dict:
+    """The first recorded device run that finished ``arm`` (provenance ``finished_arms``), or {}."""
+    return next((rec for rec in self.provenance or [] if arm in rec.get("finished_arms", ())), {})
+
   def trained_at(self, arm: str) -> str | None:
-    """Commit of the first recorded device run that finished ``arm`` (provenance ``finished_arms``)."""
-    for rec in self.provenance or []:
-      if arm in rec.get("finished_arms", ()):
-        return rec.get("commit")
-    return None
+    """Commit of the device run that finished ``arm``."""
+    return self._finishing_run(arm).get("commit")
+
+  def trained_on(self, arm: str) -> str | None:
+    """GPU of the device run that finished ``arm`` (e.g. "NVIDIA H100 80GB HBM3")."""
+    return self._finishing_run(arm).get("device")
+
+  def speed_ratio(self, arm: str, baseline: str = "bf16") -> float | None:
+    """`speed` of ``arm`` over ``baseline``'s, only when both trained on the same GPU model
+    (arms of one folder may finish on different hosts: an H100's ratio against an H200's
+    baseline would measure the hosts, not the arms)."""
+    speed, base = self.speed(arm), self.speed(baseline)
+    if not speed or not base or self.trained_on(arm) != self.trained_on(baseline):
+      return None
+    return speed / base
 
   def speed(self, arm: str) -> float | None:
     """tokens/s that measure the arm's speed: final.json's median over the whole run

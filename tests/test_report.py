@@ -244,6 +244,26 @@ def test_whole_run_rate_beats_a_short_probe_when_arms_trained_alone(tmp_path, fo
   assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "0.80x"
 
 
+def test_speed_ratio_needs_the_baselines_gpu_model(tmp_path, folders):
+  """Arms of one folder finished on different GPU models: an arm's ratio to bf16 is n/a
+  unless it trained on bf16's GPU model, and the settings table names each arm's GPU."""
+  seed0, seed1 = folders
+  _write_json(seed0 / "provenance.json", [
+      {"commit": "abc", "device": "NVIDIA H100 80GB HBM3", "concurrent_processes": 1,
+       "finished_arms": ["bf16", "nvidia_nvfp4"]},
+      {"commit": "def", "device": "NVIDIA H200", "concurrent_processes": 1,
+       "finished_arms": ["bf16", "nvidia_nvfp4", "tetrajet_v2"]}])
+  text = run_report(tmp_path, [seed0, seed1])
+  rows = {(r["arm"], r["seed"]): r for r in table_rows(section(text, "Main table"))}
+  assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "0.80x"
+  assert rows[("tetrajet_v2", "seed 0")]["tokens/s"] == "800"  # its own speed stays
+  assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "n/a"
+  start = text.index("| arm | status")  # seed 0's settings table, up to the blank line after it
+  settings = {r["arm"]: r for r in table_rows(text[start:text.index("\n\n", start)])}
+  assert settings["tetrajet_v2"]["device"] == "NVIDIA H200"
+  assert settings["bf16"]["device"] == "NVIDIA H100 80GB HBM3"
+
+
 def test_shared_gpu_rates_are_not_called_a_speed(tmp_path, folders):
   """Arms trained side by side (provenance concurrent_processes > 1) without a
   probe of each alone get no speed ratio: shared-GPU tokens/s only bound it."""
