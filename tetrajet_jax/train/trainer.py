@@ -432,6 +432,9 @@ class Trainer:
                  dynamic_ncols=True, mininterval=1.0)
     last: dict[str, float] = {}
     pending = None
+    # The jitted functions change only with the phase's graph; looking them up
+    # (hashing the graph and the state's tree) costs milliseconds of host time per step.
+    fns, fns_graph = None, None
     self._stop_signal = None
     self.throughput.reset()
     self._t_train = time.perf_counter()
@@ -442,7 +445,9 @@ class Trainer:
           self._ensure_phase(step)
           batch = self._next_batch()
           t_call = time.perf_counter()
-          self.state, metrics = step_lib.run_update(self._update_fns(), self.state, batch)
+          if self._graphdef is not fns_graph:
+            fns, fns_graph = self._update_fns(), self._graphdef
+          self.state, metrics = step_lib.run_update(fns, self.state, batch)
           if pending is None and not last and self.is_main:
             # The first call of a run compiles the step (minutes for FP4 arms on a GPU): say so.
             print(f"{self.arm.name}: step {step} compiled and dispatched in {time.perf_counter() - t_call:.1f} s",
