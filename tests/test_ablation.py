@@ -201,3 +201,29 @@ def test_diverged_arm_is_rerun_only_with_retry(cache, tmp_path, capsys):
   # Resuming the folder later keeps the retried arm's own LR (no settings clash).
   assert ablation.main(argv + ["--resume"]) == 0
   assert "finished earlier" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arm,no_cache,stop_after,compiles", [
+    ("tetrajet_v2", False, None, True),  # with the persistent cache: every arm, downstream forwards included
+    ("bf16", False, None, True),
+    ("tetrajet_v2", True, None, False),  # without it the loop would compile everything a second time
+    ("tetrajet_v2_outcontrol", True, None, True),  # OutControl's phase switches still never stall the loop
+    ("tetrajet_v2", False, 30, False),  # a throughput probe compiles only what it runs
+])
+def test_what_an_arm_compiles_before_step_0(arm, no_cache, stop_after, compiles, capsys):
+  import types  # pylint: disable=import-outside-toplevel
+
+  from experiments import arm_run  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.arms import get_arm  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.config import TrainConfig  # pylint: disable=import-outside-toplevel
+  from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
+
+  calls = []
+  config = TrainConfig(model="tiny", arm=arm, batch_size=2, seq_len=64, total_steps=2000)
+  trainer = types.SimpleNamespace(config=config, precompile=lambda logits_shapes: calls.append(logits_shapes) or ["fp4"])
+  plan = types.SimpleNamespace(args=types.SimpleNamespace(stop_after=stop_after, no_compile_cache=no_cache),
+                               tasks=["piqa"])
+  arm_run._compile_up_front(plan, get_arm(arm), trainer)  # pylint: disable=protected-access
+  assert calls == ([[(DOWNSTREAM_BATCH, t) for t in length_buckets(64)]] if compiles else [])
+  assert ("up front in" in capsys.readouterr().out) == compiles
