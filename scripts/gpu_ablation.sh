@@ -30,7 +30,7 @@
 #   [ABLATION_SET=stage1_20m] JOBS="0:bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_outcontrol,tetrajet_v2_oscireset,tetrajet_v2_full 1:bf16,tetrajet_v2_full" \
 #   LIMIT=420 [DEADLINE=540] [PARALLEL=0] [PRECOMPILE_BACKGROUND=1] PROBE_STEPS=30 PROBE_LIMIT=120 [PROBE_ARMS=bf16,...] [PRECOMPILE_LIMIT=180] \
 #   bash scripts/gpu_ablation.sh
-# Long arms under a per-command time limit (stage1_20m: 8-9.5 minutes each on an H100):
+# Long arms under a per-command time limit (stage1_20m: 6.5-10.5 minutes each on an H100):
 # PARALLEL=0 PRECOMPILE_LIMIT=0 DEADLINE=<limit>, so each arm compiles alone when it starts
 # and the next command picks up where this one stopped (docs/TRAINING.md).
 # Then: python -m experiments.report  (docs/RESULTS.md from the committed files)
