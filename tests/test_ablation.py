@@ -5,13 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import os
+import types
 
 import jax
 import pytest
 
-from experiments import ablation, run_checks, tables
+from experiments import ablation, arm_run, run_checks, tables
 from tetrajet_jax.data import build as build_lib
 from tetrajet_jax.data import corpus, sources
+from tetrajet_jax.evaluation.downstream import length_buckets
+from tetrajet_jax.train.arms import get_arm
+from tetrajet_jax.train.config import TrainConfig
+from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH
 
 
 @pytest.fixture
@@ -211,14 +216,6 @@ def test_diverged_arm_is_rerun_only_with_retry(cache, tmp_path, capsys):
     ("tetrajet_v2", False, 30, False),  # a throughput probe compiles only what it runs
 ])
 def test_what_an_arm_compiles_before_step_0(arm, no_cache, stop_after, compiles, capsys):
-  import types  # pylint: disable=import-outside-toplevel
-
-  from experiments import arm_run  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.evaluation.downstream import length_buckets  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.train.arms import get_arm  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.train.config import TrainConfig  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.train.evaluate_run import DOWNSTREAM_BATCH  # pylint: disable=import-outside-toplevel
-
   calls = []
   config = TrainConfig(model="tiny", arm=arm, batch_size=2, seq_len=64, total_steps=2000)
   trainer = types.SimpleNamespace(config=config, precompile=lambda logits_shapes: calls.append(logits_shapes) or ["fp4"])
