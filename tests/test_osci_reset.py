@@ -17,7 +17,8 @@ import pytest
 
 from tests import numpy_reference as ref
 from tetrajet_jax.linear import ChannelSplit
-from tetrajet_jax.optim import NVFP4WeightQuantizer, OsciResetState, osci_reset, osci_reset_metrics
+from tetrajet_jax.optim import (WINDOW_PHASES, NVFP4WeightQuantizer, OsciResetState, osci_reset, osci_reset_metrics,
+                                window_phase_of)
 from tetrajet_jax.optim import toy_oscillation as toy
 
 F32 = np.float32
@@ -457,6 +458,53 @@ def test_bad_params_raise():
     tx.update(params, state, params, outlier_channels={"nope": jnp.zeros((1,), jnp.int32)})
   with pytest.raises(ValueError, match="float32"):
     tx.init({"embed": {"embedding": jnp.ones((8, 4), jnp.bfloat16)}})
+
+
+def test_window_phase_of_follows_the_schedule():
+  """S = 4, P = 7, T = 3: windows on updates 4-6 and 11-13, their resets on updates 7 and 14."""
+  expected = "oooo" "fii" "i" "ooo" "fii" "i" "ooo" "fii"
+  names = {"o": "outside", "f": "first", "i": "inside"}
+  got = [window_phase_of(n, start_step=4, period=7, window=3) for n in range(len(expected))]
+  assert got == [names[c] for c in expected]
+
+
+@pytest.mark.parametrize("track_fraction", [1.0, 0.25])
+def test_host_window_phase_runs_the_device_branch_bitwise(key, track_fraction):
+  """window_phase from the host (`window_phase_of` of the update count) runs what the device's own
+  conditional picks: over two periods with their resets, every update and the final state are bit
+  for bit those of window_phase=None, and the compiled programs hold no conditional."""
+  prob, params = _toy_params(key)
+  windows = dict(start_step=3, period=7, window=3)
+  tx = optax.chain(optax.sgd(2e-3), osci_reset(**windows, threshold=2.0, track_fraction=track_fraction))
+
+  def update(p, s, window_phase):
+    updates, s = tx.update(_grads(prob, p), s, p, window_phase=window_phase)
+    return optax.apply_updates(p, updates), s, updates
+
+  step = jax.jit(update, static_argnums=2)
+  # Conditionals left in the compiled program (the platform-dependent ones of the scale arithmetic
+  # have a constant index and are folded away).
+  conditionals = lambda phase: step.lower(params, tx.init(params), phase).compile().as_text().count(" conditional(")
+  assert [conditionals(phase) for phase in WINDOW_PHASES] == [0, 0, 0]
+  assert conditionals(None) > 0  # the device decides
+  runs = {}
+  for host in (False, True):
+    p, state, history = params, tx.init(params), []
+    for n in range(16):  # windows on updates 3-5 and 10-12, resets on 6 and 13
+      p, state, updates = step(p, state, window_phase_of(n, **windows) if host else None)
+      history.append(jax.tree.map(np.asarray, updates))
+    runs[host] = (p, state, history)
+  assert int(runs[True][1][1].num_reset["blocks"]["0"]["mlp"]["kernel"]) > 0  # the resets are covered
+  for a, b in zip(runs[False][2], runs[True][2]):
+    chex.assert_trees_all_equal(a, b)
+  chex.assert_trees_all_equal(runs[False][:2], runs[True][:2])
+
+
+def test_bad_window_phase_raises(key):
+  _, params = _toy_params(key)
+  tx = osci_reset(start_step=0, period=4, window=2)
+  with pytest.raises(ValueError, match="window_phase_of"):
+    tx.update(params, tx.init(params), params, window_phase="middle")
 
 
 def test_monitor_mode_measures_and_never_resets(key):

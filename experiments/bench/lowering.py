@@ -38,6 +38,7 @@ from tetrajet_jax import kernels
 from tetrajet_jax.kernels import _platform
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.numerics import quantize_nvfp4
+from tetrajet_jax.optim import WINDOW_PHASES
 from tetrajet_jax.train.arms import ARMS
 
 SHAPE = (4096, 4096)  # rows x K: per-tile kernel bodies, so the size barely matters
@@ -83,8 +84,9 @@ def lower_seconds(name: str) -> dict:
 
 def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_size: int = 32,
                        seq_len: int = 1024) -> dict:
-  """Wall time to lower each function of one update of `arm` (its train step, or both halves of
-  a split one) for CUDA, with its count of Mosaic GPU modules and calls."""
+  """Wall time to lower each function of one update of `arm` (its train step, or a split one's
+  first half and its second in each OsciReset window phase, as a whole run compiles them) for
+  CUDA, with its count of Mosaic GPU modules and calls."""
   from experiments.bench import train_steps  # pylint: disable=import-outside-toplevel
   from tetrajet_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
   spec = dict(model=model, arm=arm, backend="auto", scan_blocks=True, layers=layers, batch_size=batch_size,
@@ -97,7 +99,7 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
     batch = {"inputs": tokens, "targets": tokens}
     update_fns = trainer._update_fns()  # pylint: disable=protected-access
     lowered = []
-    for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch):
+    for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch, WINDOW_PHASES):
       t = fn.trace(*args)
       t0 = time.perf_counter()
       lowered.append(t.lower(lowering_platforms=("cuda",)))
@@ -112,7 +114,7 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
       row["compile_s"] = sum(_seconds(low.compile) for low in lowered)
       jax.clear_caches()
       again = [fn.trace(*args).lower(lowering_platforms=("cuda",))
-               for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch)]
+               for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch, WINDOW_PHASES)]
       row["recompile_s"] = sum(_seconds(low.compile) for low in again)
   return row
 

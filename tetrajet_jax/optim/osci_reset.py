@@ -23,6 +23,14 @@ or codes is stored. Tracked leaves of one shape (a model's repeated blocks)
 go through the window step as one vmapped batch, which keeps the compiled
 program's size independent of the depth.
 
+Where the update falls in that schedule is a function of the update count,
+so a caller that knows the count on the host (a training loop) passes it as
+`window_phase` (`window_phase_of`): the compiled update then holds no
+conditional. Without it the device decides with `lax.cond`, and on a GPU an
+XLA conditional copies its predicate to the host and waits for the stream to
+reach it, so the host cannot queue the next step ahead while the current
+one runs.
+
 The transformation goes after the optimizer in a chain, so it sees the
 parameters the update would produce:
   optax.chain(optax.adamw(...), osci_reset(start_step=..., period=...))
@@ -155,6 +163,21 @@ class _Config:
     return min(size, math.ceil(self.track_fraction * size)) if self.lean else size
 
 
+# Where an update falls in OsciReset's schedule, as `window_phase_of` names it.
+OUTSIDE, FIRST, INSIDE = "outside", "first", "inside"
+WINDOW_PHASES = (OUTSIDE, FIRST, INSIDE)
+
+
+def window_phase_of(count: int, *, start_step: int, period: int, window: int) -> str:
+  """Where update ``count`` (0-based) falls: FIRST (a window's first update, which picks the
+  tracked elements and clears the sums), INSIDE (the window's other updates and the reset update
+  after it) or OUTSIDE (no window: only the count advances)."""
+  offset = count - start_step
+  if offset < 0 or offset % period > window:
+    return OUTSIDE
+  return FIRST if offset % period == 0 else INSIDE
+
+
 def _validated_config(*, start_step, period, window, threshold, quantizer, param_filter, track_fraction,
                       apply) -> _Config:
   """`osci_reset`'s arguments checked and completed with the defaults (ValueError says what to change)."""
@@ -223,7 +246,10 @@ def osci_reset(
 
   Returns:
     A GradientTransformationExtraArgs. `update(updates, state, params,
-    outlier_channels=None)` needs `params`; `outlier_channels` is a tree like
+    outlier_channels=None, window_phase=None)` needs `params`;
+    ``window_phase`` = `window_phase_of(state's count, ...)` lets the host
+    pick the branch (no device-side conditional; the caller vouches that it
+    matches the count); `outlier_channels` is a tree like
     params (or a sub-tree of it) whose leaves are `ChannelSplit`s (MXFP8
     rows, FP4 rows in the forward's gather order), int32 MXFP8 row indices
     (FP4 rows then ascending), or None. MXFP8 rows never take part, and
@@ -239,13 +265,16 @@ def osci_reset(
                           quantizer=quantizer, param_filter=param_filter, track_fraction=track_fraction,
                           apply=apply)
 
-  def update_fn(updates, state, params=None, *, outlier_channels=None, **extra_args):
+  def update_fn(updates, state, params=None, *, outlier_channels=None, window_phase=None, **extra_args):
     del extra_args  # other transformations' extra arguments
     if params is None:
       raise ValueError("osci_reset: update needs params (tx.update(updates, state, params)); it must see "
                        "the weights the update produces to track Q(w).")
+    if window_phase is not None and window_phase not in WINDOW_PHASES:
+      raise ValueError(f"osci_reset: window_phase must be None or one of {WINDOW_PHASES} "
+                       f"(`window_phase_of(count, ...)` gives it), got {window_phase!r}.")
     with jax.named_scope("osci_reset"):  # names its ops in profiles and HLO dumps
-      return _update(cfg, updates, state, params, outlier_channels)
+      return _update(cfg, updates, state, params, outlier_channels, window_phase)
 
   return optax.GradientTransformationExtraArgs(lambda params: _init_state(cfg, params), update_fn)
 
@@ -299,7 +328,10 @@ def _leaf_window_step(cfg: _Config, p, u, fields, row_active, rows, starts, ends
       score = jnp.where(active, dist, jnp.inf).reshape(-1)
       _, idx = jax.lax.top_k(-score, index.shape[0])
       return jnp.sort(idx).astype(jnp.int32)  # sorted: gathers and scatters walk memory in order
-    index = jax.lax.cond(starts, select, lambda _: index, None)
+    if isinstance(starts, bool):  # the host knows the window phase: no conditional in the program
+      index = select(None) if starts else index
+    else:
+      index = jax.lax.cond(starts, select, lambda _: index, None)
     pick = lambda x: x.reshape(-1)[index]
     p_t, q_prev_t, q_new_t, w_new_t, active_t = map(pick, (p, q_prev, q_new, w_new, active))
   else:
@@ -336,7 +368,7 @@ def _same_shape_groups(params: list[Any], rows: list[tuple[jax.Array, Any]]) -> 
   return list(groups.values())
 
 
-def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channels):
+def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channels, window_phase):
   """OsciReset's update (see `osci_reset`): (new updates, new state)."""
   u_leaves = leaves_with_paths(updates)
   p_leaves = leaves_with_paths(params)
@@ -367,10 +399,9 @@ def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channe
   n = state.count
   offset = n - cfg.start_step
   phase = jnp.where(offset >= 0, offset % cfg.period, cfg.period)
-  in_window = (offset >= 0) & (phase <= cfg.window)  # the window's T updates and the reset update
-  starts, ends = phase == 0, phase == cfg.window
+  ends = phase == cfg.window
 
-  def window_step(operands):
+  def window_step(starts, operands):
     us, fields = operands
     step = functools.partial(_leaf_window_step, cfg, starts=starts, ends=ends)
     stack = lambda xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
@@ -385,7 +416,14 @@ def _update(cfg: _Config, updates, state: OsciResetState, params, outlier_channe
         out[i] = jax.tree.map(lambda x: x[k], batched)
     return [o[0] for o in out], [o[1] for o in out]
 
-  new_us, new_fields = jax.lax.cond(in_window, window_step, lambda ops: ops, (us, fields))
+  if window_phase is None:  # the device decides (see the module docstring for its cost on a GPU)
+    in_window = (offset >= 0) & (phase <= cfg.window)  # the window's T updates and the reset update
+    new_us, new_fields = jax.lax.cond(in_window, functools.partial(window_step, phase == 0), lambda ops: ops,
+                                      (us, fields))
+  elif window_phase == OUTSIDE:
+    new_us, new_fields = us, fields
+  else:
+    new_us, new_fields = window_step(window_phase == FIRST, (us, fields))
   u_leaves = dict(u_leaves)
   u_leaves.update(zip(names, new_us))
   new_updates = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(updates), list(u_leaves.values()))

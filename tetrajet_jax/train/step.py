@@ -12,7 +12,7 @@ key, so Trainers of the same run (a resume, tests) share them.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import optax
@@ -72,8 +72,8 @@ def update_step(params: Any, rest: dict[str, Any], batch: dict[str, jax.Array], 
   return {**rest, "model": new_vars, "opt": (*opt, rest["opt"][-1])}, updates, metrics
 
 
-def oscillation_step(params: Any, rest: dict[str, Any], updates: Any, *, graphdef: nnx.GraphDef,
-                     tx: optax.GradientTransformationExtraArgs, oscireset: bool
+def oscillation_step(params: Any, rest: dict[str, Any], updates: Any, window_phase: str | None, *,
+                     graphdef: nnx.GraphDef, tx: optax.GradientTransformationExtraArgs, oscireset: bool
                      ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
   """Second half of a split update: OsciReset (or its monitor mode) on the updates, then apply.
 
@@ -81,11 +81,14 @@ def oscillation_step(params: Any, rest: dict[str, Any], updates: Any, *, graphde
   a large graph to compile (docs/TRAINING.md). As its own function it
   compiles beside the model's step, in parallel, and the step that lowers
   every Pallas kernel no longer carries it. ``tx`` is the
-  optimizer chain's last member (`optimizer.split_optimizer`).
+  optimizer chain's last member (`optimizer.split_optimizer`). ``window_phase``:
+  where this update falls in OsciReset's windows (`optim.window_phase_of` of
+  the update count, a static argument: one compiled program per phase and no
+  device-side conditional), or None to let the device decide.
   """
   opt = rest["opt"]
   channels = qnn.outlier_channels_tree(nnx.merge(graphdef, params, rest["model"]), params)
-  updates, osci = tx.update(updates, opt[-1], params, outlier_channels=channels)
+  updates, osci = tx.update(updates, opt[-1], params, outlier_channels=channels, window_phase=window_phase)
   new_params = optax.apply_updates(params, updates)
   metrics = {"train/param_norm": optax.tree.norm(new_params)}
   risk = osci_reset_metrics(osci)
@@ -123,11 +126,12 @@ def jit_update_step(state_shardings: Any, batch_sharding: Any, mesh: jax.shardin
 
 
 def jit_oscillation_step(state_shardings: Any, mesh: jax.sharding.Mesh, **consts) -> Callable:
-  """`oscillation_step` jitted with the run's shardings; donates the state (the new one takes its
-  buffers; the updates are dropped after the call)."""
+  """`oscillation_step` jitted with the run's shardings, its window phase static; donates the state
+  (the new one takes its buffers; the updates are dropped after the call)."""
   params, rest = without_params(state_shardings)
   return jax.jit(functools.partial(oscillation_step, **consts), in_shardings=(params, rest, params),
-                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0, 1))
+                 out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=(0, 1),
+                 static_argnums=3)
 
 
 def without_params(state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -135,28 +139,30 @@ def without_params(state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   return state["params"], {k: v for k, v in state.items() if k != "params"}
 
 
-def run_update(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, jax.Array]
-               ) -> tuple[dict[str, Any], dict[str, jax.Array]]:
+def run_update(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, jax.Array],
+               window_phase: str | None = None) -> tuple[dict[str, Any], dict[str, jax.Array]]:
   """One update through `fns` = (jitted train step, None) or (jitted `update_step`, jitted
-  `oscillation_step`): (new state, metrics), dispatched, not awaited."""
+  `oscillation_step`, run at ``window_phase``): (new state, metrics), dispatched, not awaited."""
   step_fn, oscillation_fn = fns
   if oscillation_fn is None:
     return step_fn(state, batch)
   params, rest = without_params(state)
   rest, updates, metrics = step_fn(params, rest, batch)
-  state, more = oscillation_fn(params, rest, updates)
+  state, more = oscillation_fn(params, rest, updates, window_phase)
   return state, {**metrics, **more}
 
 
-def update_calls(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, Any]
-                 ) -> list[tuple[str, Callable, tuple]]:
-  """[(kind, jitted function, arguments)] of the update `run_update` runs, for lowering without
-  running (`batch` may hold shape specs; the updates have the parameters' shapes and placement)."""
+def update_calls(fns: tuple[Callable, Callable | None], state: dict[str, Any], batch: dict[str, Any],
+                 window_phases: Sequence[str | None] = (None,)) -> list[tuple[str, Callable, tuple]]:
+  """[(kind, jitted function, arguments)] of the updates `run_update` runs at ``window_phases``,
+  for lowering without running (`batch` may hold shape specs; the updates have the parameters'
+  shapes and placement). Kinds: "train", and "oscillation/<phase>" per window phase."""
   step_fn, oscillation_fn = fns
   if oscillation_fn is None:
     return [("train", step_fn, (state, batch))]
   params, rest = without_params(state)
-  return [("train", step_fn, (params, rest, batch)), ("oscillation", oscillation_fn, (params, rest, params))]
+  return [("train", step_fn, (params, rest, batch))] + [
+      (f"oscillation/{phase}", oscillation_fn, (params, rest, params, phase)) for phase in window_phases]
 
 
 def jit_eval_stats(state_shardings: Any, batch_sharding: Any, mesh: jax.sharding.Mesh,

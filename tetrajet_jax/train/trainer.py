@@ -55,7 +55,7 @@ from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
 from tetrajet_jax.evaluation.perplexity import padded_token_bytes
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
-from tetrajet_jax.optim import is_layer_metric
+from tetrajet_jax.optim import is_layer_metric, window_phase_of
 from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train import step as step_lib
@@ -256,13 +256,23 @@ class Trainer:
         self._state_shardings, self.mesh, graphdef=self._graphdef, tx=self._tx_osci,
         oscireset=self.arm.oscireset))
 
+  def _window_phase(self, step: int) -> str | None:
+    """Where update ``step`` falls in OsciReset's windows (None without an OsciReset member): the
+    host picks the compiled branch, so the oscillation step holds no device-side conditional,
+    which on a GPU would make the host wait for the stream every step (`optim.osci_reset`)."""
+    if self._tx_osci is None:
+      return None
+    w = self.config.osci_windows  # OsciReset's update count is the trainer's step
+    return window_phase_of(step, start_step=w.start_step, period=w.period, window=w.window)
+
   def _update_fns(self) -> tuple[Callable, Callable | None]:
     """The jitted functions of one update: (train step, None) or a split update's two halves."""
     return self._step_fn(), (None if self._tx_osci is None else self._oscillation_fn())
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
     """Compiles what the rest of the run will: the train step of every OutControl
-    phase it goes through, the validation pass (batch_size rows) of each phase
+    phase it goes through (with its oscillation step in each OsciReset window
+    phase those updates meet), the validation pass (batch_size rows) of each phase
     it evaluates in and of the final one, and the forward (`logits_fn`) of the
     final phase at ``logits_shapes`` ([batch, length] token shapes, e.g.
     downstream scoring's length buckets). evaluation=False: the train steps only.
@@ -289,9 +299,11 @@ class Trainer:
     try:
       for phase in phases:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-        if ("train", g) not in lowered:
-          batch = {"inputs": spec, "targets": spec}
-          for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch):
+        # The oscillation step: one program per OsciReset window phase the phase's updates meet.
+        window_phases = dict.fromkeys(self._window_phase(s) for s in steps if self._phase_for_update(s) == phase)
+        batch = {"inputs": spec, "targets": spec}
+        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(window_phases)):
+          if (kind, g) not in lowered:
             lowered[kind, g] = fn.lower(*args)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
           lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
@@ -447,7 +459,7 @@ class Trainer:
           t_call = time.perf_counter()
           if self._graphdef is not fns_graph:
             fns, fns_graph = self._update_fns(), self._graphdef
-          self.state, metrics = step_lib.run_update(fns, self.state, batch)
+          self.state, metrics = step_lib.run_update(fns, self.state, batch, self._window_phase(step))
           if pending is None and not last and self.is_main:
             # The first call of a run compiles the step (minutes for FP4 arms on a GPU): say so.
             print(f"{self.arm.name}: step {step} compiled and dispatched in {time.perf_counter() - t_call:.1f} s",
