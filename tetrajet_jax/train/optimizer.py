@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from tetrajet_jax.optim import osci_reset
+from tetrajet_jax.optim import osci_reset, window_phase_of
 from tetrajet_jax.train.config import TrainConfig
 from tetrajet_jax.tree_paths import path_strs
 
@@ -43,6 +43,14 @@ def split_optimizer(config: TrainConfig, *, param_filter: Callable | None = None
     # Same windows, measure only: the "without OsciReset" curve of the oscillation plot.
     osci = osci_reset(**windows, apply=False)
   return optax.chain(*_main_members(config)), osci
+
+
+def osci_window_phase(config: TrainConfig, step: int) -> str:
+  """Where update ``step`` falls in the windows of the OsciReset member (or monitor) that
+  `split_optimizer` builds. The trainer passes it from the host, so the compiled update holds
+  no device-side conditional, which on a GPU makes the host wait for the stream every update."""
+  w = config.osci_windows
+  return window_phase_of(step, start_step=w.start_step, period=w.period, window=w.window)
 
 
 def _main_members(config: TrainConfig) -> list[optax.GradientTransformation]:

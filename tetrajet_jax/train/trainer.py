@@ -55,7 +55,7 @@ from tetrajet_jax.data.pipeline import make_train_dataset, make_val_dataset
 from tetrajet_jax.evaluation.perplexity import padded_token_bytes
 from tetrajet_jax.model.configs import ModelConfig, get_config
 from tetrajet_jax.model.olmo2 import OLMo2
-from tetrajet_jax.optim import is_layer_metric, window_phase_of
+from tetrajet_jax.optim import is_layer_metric
 from tetrajet_jax.train import outcontrol
 from tetrajet_jax.train import sharding as sharding_lib
 from tetrajet_jax.train import step as step_lib
@@ -64,7 +64,7 @@ from tetrajet_jax.train.checkpointing import Checkpointer, CheckpointError
 from tetrajet_jax.train.config import TrainConfig, TrainData, TrainResult
 from tetrajet_jax.train.metrics import (METRICS_FILE, MetricsWriter, Throughput, peak_flops, to_host,
                                         truncate_jsonl)
-from tetrajet_jax.train.optimizer import build_optimizer, split_optimizer
+from tetrajet_jax.train.optimizer import build_optimizer, osci_window_phase, split_optimizer
 
 __all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Trainer", "build_optimizer"]
 
@@ -209,8 +209,7 @@ class Trainer:
     self.throughput.reset()
 
   def checkpoint_meta(self) -> dict[str, Any]:
-    """What this run's checkpoints record and must match on restore (the grain
-    iterator state is per process, so the process count must match too)."""
+    """What this run's checkpoints record and restore checks (grain's state is per process: so is the count)."""
     return {"train": self.config.run_identity(), "model": dataclasses.asdict(self.model_config),
             "data": self.data.name, "data_shards": jax.process_count()}
 
@@ -242,8 +241,7 @@ class Trainer:
     return step_lib.COMPILED.get(key, build)
 
   def _step_fn(self) -> Callable:
-    """The jitted train step: the whole update, or its first half (`step.update_step`) when the
-    run has an OsciReset member, which `_oscillation_fn` then runs."""
+    """The jitted train step, or with an OsciReset member the first half (`step.update_step`)."""
     consts = dict(graphdef=self._graphdef, z_loss=self.model_config.z_loss, schedule=self.config.schedule)
     if self._tx_osci is None:
       return self._compiled("train", lambda: step_lib.jit_train_step(
@@ -256,14 +254,8 @@ class Trainer:
         self._state_shardings, self.mesh, graphdef=self._graphdef, tx=self._tx_osci,
         oscireset=self.arm.oscireset))
 
-  def _window_phase(self, step: int) -> str | None:
-    """Where update ``step`` falls in OsciReset's windows (None without an OsciReset member): the
-    host picks the compiled branch, so the oscillation step holds no device-side conditional,
-    which on a GPU would make the host wait for the stream every step (`optim.osci_reset`)."""
-    if self._tx_osci is None:
-      return None
-    w = self.config.osci_windows  # OsciReset's update count is the trainer's step
-    return window_phase_of(step, start_step=w.start_step, period=w.period, window=w.window)
+  def _window_phase(self, step: int) -> str | None:  # OsciReset's update count is the trainer's step
+    return None if self._tx_osci is None else osci_window_phase(self.config, step)
 
   def _update_fns(self) -> tuple[Callable, Callable | None]:
     """The jitted functions of one update: (train step, None) or a split update's two halves."""
@@ -284,6 +276,7 @@ class Trainer:
     """
     cfg = self.config
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
+    batch = {"inputs": spec, "targets": spec}
     steps = range(self.step, cfg.total_steps)
     if not steps:  # the run is over
       return []
@@ -300,9 +293,8 @@ class Trainer:
       for phase in phases:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         # The oscillation step: one program per OsciReset window phase the phase's updates meet.
-        window_phases = dict.fromkeys(self._window_phase(s) for s in steps if self._phase_for_update(s) == phase)
-        batch = {"inputs": spec, "targets": spec}
-        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(window_phases)):
+        windows = list(dict.fromkeys(self._window_phase(s) for s in steps if self._phase_for_update(s) == phase))
+        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, windows):
           if (kind, g) not in lowered:
             lowered[kind, g] = fn.lower(*args)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
@@ -341,8 +333,7 @@ class Trainer:
         self._state_shardings, self._batch_sharding, self.mesh, self._graphdef))
 
   def _val_inputs(self, batch_size: int, tokens: Any = None):
-    """(this process's validation batches of ``tokens`` (default: the val split), replicated token
-    byte lengths)."""
+    """(this process's validation batches of ``tokens`` (default: val split), replicated token byte lengths)."""
     sharding_lib.check_batch(batch_size, self.mesh, what="eval batch_size")
     ds = make_val_dataset(self.data.val_tokens if tokens is None else tokens, seq_len=self.config.seq_len,
                           batch_size=batch_size // jax.process_count(), shard_index=jax.process_index(),
