@@ -49,7 +49,8 @@ PRECOMPILE_LIMIT="${PRECOMPILE_LIMIT:-180}"
 # so with PARALLEL=0 the later arms compile on the host's cores while the first one trains
 # (the GPU does not wait for compilation it does not need yet).
 PRECOMPILE_BACKGROUND="${PRECOMPILE_BACKGROUND:-0}"
-COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+source scripts/tree_commit.sh
+COMMIT="${COMMIT:-$(tree_commit)}"
 source scripts/ablation_flags.sh || exit 2
 FLAGS=("${ABLATION_FLAGS[@]}")
 run_dir() { echo "runs/$ABLATION_SET/seed$1"; }

@@ -27,7 +27,8 @@ LOG="$OUT/suite.log"
 STAGES="${STAGES:-tests tests_jit bench_lowering bench_linear bench_kernels bench_train}"
 # Also: kbench_linear kbench_gemm kbench_quant kbench_bwdquant (kernel bench by
 # section, limits T_KBENCH_<SECTION>).
-export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+source scripts/tree_commit.sh
+export BENCH_COMMIT="${BENCH_COMMIT:-$(tree_commit)}"
 
 source scripts/gpu_env.sh
 

@@ -51,3 +51,26 @@ def test_bad_arguments_are_refused_before_any_section_runs(tmp_path, capsys, arg
     suite.main(["--out-dir", str(tmp_path / "out"), *argv])
   assert e.value.code == 2 and message in capsys.readouterr().err
   assert not (tmp_path / "out").exists()
+
+
+def test_commit_id_marks_a_tree_that_differs_from_its_commit(tmp_path, monkeypatch):
+  """A result names the commit its tree is: "-dirty" when tracked files differ from HEAD (a copied
+  tree whose git metadata lags its files), "unknown" outside git; $BENCH_COMMIT wins."""
+  import subprocess
+
+  from experiments.bench.timing import commit_id
+
+  monkeypatch.delenv("BENCH_COMMIT", raising=False)
+  assert commit_id(tmp_path) == "unknown"
+  git = lambda *args: subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True)
+  git("init", "-q")
+  (tmp_path / "a.py").write_text("x = 1\n")
+  git("add", "a.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+  sha = git("rev-parse", "--short", "HEAD").stdout.strip()
+  (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+  assert commit_id(tmp_path) == sha
+  (tmp_path / "a.py").write_text("x = 2\n")
+  assert commit_id(tmp_path) == f"{sha}-dirty"
+  monkeypatch.setenv("BENCH_COMMIT", "abc1234")
+  assert commit_id(tmp_path) == "abc1234"

@@ -14,10 +14,13 @@ import statistics
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _looped(fn, n: int):
@@ -75,15 +78,17 @@ def time_fn(fn, *args, reps: int = 15, inner: int = 10, loop=None) -> float:
   return statistics.median(samples)
 
 
-def commit_id() -> str:
-  """Short git commit of the working tree ($BENCH_COMMIT wins: the device copy has no .git)."""
+def commit_id(tree: str | os.PathLike | None = None) -> str:
+  """Short git commit of the working tree (default: this repository), "-dirty" when its tracked
+  files differ from it (scripts/tree_commit.sh); $BENCH_COMMIT wins."""
   env = os.environ.get("BENCH_COMMIT")
   if env:
     return env
+  script = REPO_ROOT / "scripts" / "tree_commit.sh"
   try:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-  except Exception:  # noqa: BLE001
+    return subprocess.run(["bash", "-c", f'source "{script}" && tree_commit'], capture_output=True, text=True,
+                          check=True, cwd=tree or REPO_ROOT).stdout.strip() or "unknown"
+  except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
 
