@@ -280,7 +280,9 @@ class Trainer:
     steps = range(self.step, cfg.total_steps)
     if not steps:  # the run is over
       return []
-    phases = list(dict.fromkeys(self._phase_for_update(s) for s in steps))
+    phases: dict[str, dict] = {}  # OutControl phase, in run order -> the OsciReset window phases its updates meet
+    for s in steps:
+      phases.setdefault(self._phase_for_update(s), {})[self._window_phase(s)] = None
     final_phase = self._phase_for_update(cfg.total_steps - 1)
     eval_phases = {self._phase_for_update(s) for s in steps if cfg.eval_every and (s + 1) % cfg.eval_every == 0}
     eval_phases.add(final_phase)  # periodic validation's last one, or a caller's final `evaluate`
@@ -292,9 +294,7 @@ class Trainer:
     try:
       for phase in phases:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-        # The oscillation step: one program per OsciReset window phase the phase's updates meet.
-        windows = list(dict.fromkeys(self._window_phase(s) for s in steps if self._phase_for_update(s) == phase))
-        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, windows):
+        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
           if (kind, g) not in lowered:
             lowered[kind, g] = fn.lower(*args)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
@@ -308,7 +308,7 @@ class Trainer:
     # XLA compiles outside the GIL: the functions compile at once.
     with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
       list(pool.map(lambda low: low.compile(), lowered.values()))
-    return phases
+    return list(phases)
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
     """``tokens int32[B,T] -> float32 logits`` with the current state (no state change).
