@@ -32,6 +32,15 @@ def key(seed) -> jax.Array:
   return jax.random.key(seed)
 
 
+@pytest.fixture
+def fresh_lowering_cache():
+  """For tests that count Mosaic module lowerings: nothing an earlier test lowered is reused."""
+  from tetrajet_jax.kernels import _lowering_cache  # pylint: disable=import-outside-toplevel
+  _lowering_cache.clear()
+  yield
+  _lowering_cache.clear()
+
+
 @pytest.fixture(scope="module")
 def data():
   """A learnable stream for trainer tests: a fixed random 97-token pattern, repeated (a module

@@ -79,7 +79,7 @@ def test_flat_rows_rejects_what_it_cannot_view():
     quantize_nvfp4_backward(jnp.ones((64, 256)), None, None, rounding="nearest", axis=0, flat_rows=True)
 
 
-def test_weights_of_every_shape_share_one_kernel_instance(monkeypatch):
+def test_weights_of_every_shape_share_one_kernel_instance(monkeypatch, fresh_lowering_cache):
   """Lowered for Hopper on the CPU: the layer's weight quantizers (Q2: RTN of W^T; Q4: RHT + SR of
   W_hat along N) on three weight shapes lower one Mosaic module each in the flat view, three each
   without it."""

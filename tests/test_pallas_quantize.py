@@ -153,7 +153,7 @@ def test_rtn_tensor_scaled_bitwise_gpu(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_rtn_lowers_for_hopper(dtype, monkeypatch):
+def test_rtn_lowers_for_hopper(dtype, monkeypatch, fresh_lowering_cache):
   """Mosaic GPU lowering for CUDA (layouts, supported ops: e.g. no boolean
   vector arithmetic in the exact division) succeeds on the CPU, and equal
   kernel instances in one computation are lowered once: three calls, two of

@@ -239,7 +239,9 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
     # 2 graphs (fp4 and calibrate run one), each with its train step and the oscillation monitor's
     # step per window phase its updates meet (updates 0-2 outside, 3 a window's first, 4-5 inside:
     # 3 + 2 programs), + validation in 2 phases + the final forward
-    assert len(list((tmp_path / "cache").iterdir())) == 8
+    # (counted by name: run alone, the process also caches the eager ops of the model's init)
+    run_functions = ("jit_update_step-", "jit_train_step-", "jit_oscillation_step-", "jit_eval_stats-", "jit_logits-")
+    assert len([f for f in (tmp_path / "cache").iterdir() if f.name.startswith(run_functions)]) == 8
     # A fresh trainer of the same run (as in another process) finds all of them on disk.
     from tetrajet_jax.train import step as step_lib
     step_lib.COMPILED.clear()

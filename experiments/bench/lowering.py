@@ -12,11 +12,15 @@ own quantizer lowered for CUDA as the reference. On a GPU host it also times
 XLA's compile of the lowered function (where each Mosaic module becomes a
 binary).
 
-`--steps MODEL/ARM,...` lowers whole train steps the same way (blocks
+`--steps MODEL/ARM,...` lowers every function a run of that arm compiles
+the same way (`Trainer.lower_run`: each OutControl phase's train step, a
+split update's halves, with `--evaluation` the validation passes; blocks
 scanned, batch 32 x 1024, backend auto, the kernels' dispatch told it runs
 on a Hopper GPU: `kernels._platform.assume_hopper`): the lowering part of
-an FP4 step's compile time, on any host, with the number of Mosaic modules
-and of custom calls to them (one module can serve several calls). On a GPU
+an FP4 run's compile time, on any host, with the number of Mosaic modules
+and of custom calls to them (one module can serve several calls; with the
+process's lowering cache, `kernels/_lowering_cache.py`, also calls in
+different functions; TETRAJET_MOSAIC_LOWERING_CACHE=0 times it without). On a GPU
 host it then compiles each function, and compiles it again from a fresh
 lowering with the process's caches warm, which bounds the share of the
 compile that builds the Mosaic kernels' binaries.
@@ -35,10 +39,9 @@ import jax.numpy as jnp
 
 from experiments.bench.timing import commit_id, write_result
 from tetrajet_jax import kernels
-from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels import _lowering_cache, _platform
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.numerics import quantize_nvfp4
-from tetrajet_jax.optim import WINDOW_PHASES
 from tetrajet_jax.train.arms import ARMS
 
 SHAPE = (4096, 4096)  # rows x K: per-tile kernel bodies, so the size barely matters
@@ -83,39 +86,32 @@ def lower_seconds(name: str) -> dict:
 
 
 def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_size: int = 32,
-                       seq_len: int = 1024) -> dict:
-  """Wall time to lower each function of one update of `arm` (its train step, or a split one's
-  first half and its second in each OsciReset window phase, as a whole run compiles them) for
-  CUDA, with its count of Mosaic GPU modules and calls."""
+                       seq_len: int = 1024, evaluation: bool = False) -> dict:
+  """Wall time to trace and lower for CUDA every function a run of `arm` compiles
+  (`Trainer.lower_run`: the train step of each OutControl phase, a split update's halves in each
+  OsciReset window phase, and with `evaluation` the validation passes), with the count of Mosaic
+  GPU modules (distinct kernel hashes over all functions) and of calls to them."""
   from experiments.bench import train_steps  # pylint: disable=import-outside-toplevel
-  from tetrajet_jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
   spec = dict(model=model, arm=arm, backend="auto", scan_blocks=True, layers=layers, batch_size=batch_size,
               seq_len=seq_len, vocab=16384, steps=2, warmup=2)
-  row = dict(step=f"{model}/{arm}", lower_s=0.0, mosaic_modules=0, mosaic_calls=0)
+  row = dict(step=f"{model}/{arm}", evaluation=evaluation, lowering_cache=_lowering_cache.enabled())
   on_gpu = jax.default_backend() == "gpu"
   with _platform.assume_hopper():
     trainer = train_steps.bench_trainer(spec)
-    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-    batch = {"inputs": tokens, "targets": tokens}
-    update_fns = trainer._update_fns()  # pylint: disable=protected-access
-    lowered = []
-    for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch, WINDOW_PHASES):
-      t = fn.trace(*args)
-      t0 = time.perf_counter()
-      lowered.append(t.lower(lowering_platforms=("cuda",)))
-      row["lower_s"] += time.perf_counter() - t0
-      calls = [line for line in lowered[-1].as_text().splitlines() if "custom_call @mosaic_gpu" in line]
-      row["mosaic_calls"] += len(calls)
-      row["mosaic_modules"] += len({re.search(r'kernel_hash = "(.*?)", module', line).group(1) for line in calls})
+    t0 = time.perf_counter()
+    phases, lowered = trainer.lower_run(evaluation=evaluation, platforms=("cuda",))
+    row["lower_s"] = time.perf_counter() - t0
+    calls = [line for low in lowered.values() for line in low.as_text().splitlines() if "custom_call @mosaic_gpu" in line]
+    row.update(phases=phases, functions=len(lowered), mosaic_calls=len(calls),
+               mosaic_modules=len({re.search(r'kernel_hash = "(.*?)", module', line).group(1) for line in calls}))
     if on_gpu:
       # XLA's compile of each function, one after the other, then again from a fresh lowering with the
       # process's caches warm (Mosaic's kernel binaries by hash, XLA's autotuning results): the
       # difference is what those caches hold, so compile_s - recompile_s bounds the kernels' build time.
-      row["compile_s"] = sum(_seconds(low.compile) for low in lowered)
+      row["compile_s"] = sum(_seconds(low.compile) for low in lowered.values())
       jax.clear_caches()
-      again = [fn.trace(*args).lower(lowering_platforms=("cuda",))
-               for _, fn, args in step_lib.update_calls(update_fns, trainer.state, batch, WINDOW_PHASES)]
-      row["recompile_s"] = sum(_seconds(low.compile) for low in again)
+      again = trainer.lower_run(evaluation=evaluation, platforms=("cuda",))[1]
+      row["recompile_s"] = sum(_seconds(low.compile) for low in again.values())
   return row
 
 
@@ -131,6 +127,7 @@ def main(argv=None) -> dict:
   p.add_argument("--kernels", default=",".join(KERNELS), help=f"comma list of {', '.join(KERNELS)}")
   p.add_argument("--steps", default="", help="comma list of MODEL/ARM train steps to lower (e.g. 20m/tetrajet_v2)")
   p.add_argument("--layers", type=int, default=None, help="--steps: blocks of the model (default: its own)")
+  p.add_argument("--evaluation", action="store_true", help="--steps: lower the run's validation passes too")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
   names = a.kernels.split(",") if a.kernels else []
@@ -147,7 +144,7 @@ def main(argv=None) -> dict:
     rows.append(lower_seconds(name))
     print(json.dumps(rows[-1]), flush=True)
   for model, arm in steps:
-    rows.append(step_lower_seconds(model, arm, layers=a.layers))
+    rows.append(step_lower_seconds(model, arm, layers=a.layers, evaluation=a.evaluation))
     print(json.dumps(rows[-1]), flush=True)
   result = dict(kind="lowering", host_cpus=os.cpu_count(), commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 shape=list(SHAPE), rows=rows)
@@ -156,8 +153,8 @@ def main(argv=None) -> dict:
     if "step" in r:
       compiled = (f"; XLA compile {r['compile_s']:.1f} s, {r['recompile_s']:.1f} s again (lowered anew, caches warm)"
                   if "compile_s" in r else "")
-      print(f"  {r['step'] + ' step':<28} {r['lower_s']:7.1f} s  {r['mosaic_modules']} Mosaic modules in "
-            f"{r['mosaic_calls']} calls{compiled}")
+      print(f"  {r['step'] + ' run':<28} {r['lower_s']:7.1f} s  {r['functions']} functions, {r['mosaic_modules']} "
+            f"Mosaic modules in {r['mosaic_calls']} calls{compiled}")
       continue
     compiled = f"  then {r['compile_s']:.1f} s XLA compile on the GPU" if "compile_s" in r else ""
     print(f"  {r['kernel']:<28} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars{compiled}")

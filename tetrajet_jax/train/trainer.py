@@ -1,8 +1,5 @@
 """Pretraining loop: one jitted, donated train step per batch, orbax checkpoints.
 
-The run's pieces live beside it: `config` (TrainConfig, TrainData),
-`optimizer`, `step` (the compiled functions), `outcontrol` (phases).
-
 Typical use (the ablation runner does exactly this per arm)::
 
     cfg = TrainConfig(model="tiny", arm="tetrajet_v2_full", batch_size=8, seq_len=128, total_steps=200)
@@ -262,27 +259,33 @@ class Trainer:
     return self._step_fn(), (None if self._tx_osci is None else self._oscillation_fn())
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
-    """Compiles what the rest of the run will: the train step of every OutControl
-    phase it goes through (with its oscillation step in each OsciReset window
-    phase those updates meet), the validation pass (batch_size rows) of each phase
-    it evaluates in and of the final one, and the forward (`logits_fn`) of the
-    final phase at ``logits_shapes`` ([batch, length] token shapes, e.g.
-    downstream scoring's length buckets). evaluation=False: the train steps only.
+    """Compiles `lower_run`'s functions side by side (XLA compiles outside the GIL); nothing runs.
+    With JAX's persistent compilation cache on, several runs can compile at once on a many-core
+    host and each load its functions when its turn on the GPU comes. Returns the phases compiled."""
+    phases, lowered = self.lower_run(logits_shapes, evaluation=evaluation)
+    if lowered:
+      with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
+        list(pool.map(lambda low: low.compile(), lowered.values()))
+    return phases
 
-    Nothing runs and the state is untouched. Useful with JAX's persistent
-    compilation cache on (`jax_compilation_cache_dir`): several runs compile
-    side by side on a many-core host, then each loads its functions from the
-    cache when it takes its turn on the GPU. Returns the phases compiled.
-    """
+  def lower_run(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True,
+                platforms: Sequence[str] | None = None) -> tuple[list[str], dict[tuple, Any]]:
+    """(OutControl phases, {key: jax.stages.Lowered}): every function the rest of the run compiles,
+    lowered (for `platforms`, default this backend): the train step of every OutControl phase it goes
+    through (with its oscillation step in each OsciReset window phase those updates meet), the
+    validation pass (batch_size rows) of each phase it evaluates in and of the final one, and the
+    forward (`logits_fn`) of the final phase at ``logits_shapes`` ([batch, length] token shapes,
+    e.g. downstream scoring's length buckets). evaluation=False: the train steps only."""
     cfg = self.config
+    lower = lambda fn, *args: fn.trace(*args).lower(lowering_platforms=platforms and tuple(platforms))
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
     batch = {"inputs": spec, "targets": spec}
     steps = range(self.step, cfg.total_steps)
-    if not steps:  # the run is over
-      return []
     phases: dict[str, dict] = {}  # OutControl phase, in run order -> the OsciReset window phases its updates meet
     for s in steps:
       phases.setdefault(self._phase_for_update(s), {})[self._window_phase(s)] = None
+    if not steps:  # the run is over
+      return [], {}
     final_phase = self._phase_for_update(cfg.total_steps - 1)
     eval_phases = {self._phase_for_update(s) for s in steps if cfg.eval_every and (s + 1) % cfg.eval_every == 0}
     eval_phases.add(final_phase)  # periodic validation's last one, or a caller's final `evaluate`
@@ -296,19 +299,16 @@ class Trainer:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
           if (kind, g) not in lowered:
-            lowered[kind, g] = fn.lower(*args)
+            lowered[kind, g] = lower(fn, *args)
         if evaluation and phase in eval_phases and ("eval", g) not in lowered:
-          lowered["eval", g] = self._eval_fn().lower(params, model_vars, val_batch, tb)
+          lowered["eval", g] = lower(self._eval_fn(), params, model_vars, val_batch, tb)
         if evaluation and phase == final_phase:
           rep = sharding_lib.replicated(self.mesh)
-          lowered.update({("logits", shape): self._logits_jit().lower(
-              params, model_vars, jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)) for shape in logits_shapes})
+          lowered.update({("logits", shape): lower(self._logits_jit(), params, model_vars, jax.ShapeDtypeStruct(
+              shape, jnp.int32, sharding=rep)) for shape in logits_shapes})
     finally:
       self._graphdef = graphdef
-    # XLA compiles outside the GIL: the functions compile at once.
-    with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
-      list(pool.map(lambda low: low.compile(), lowered.values()))
-    return list(phases)
+    return list(phases), lowered
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
     """``tokens int32[B,T] -> float32 logits`` with the current state (no state change).
