@@ -134,14 +134,19 @@ def test_quantizer_semantics_runs_each_quantized_arm_per_semantics(capsys):
   with pytest.raises(SystemExit) as e:
     train_steps.parse_args(["--models", "tiny", "--quantizer-semantics", "thread"])
   assert e.value.code == 2 and "unknown ['thread']" in capsys.readouterr().err
+  _, specs = train_steps.parse_args(["--models", "tiny", "--arms", "tetrajet_v2", "--lowering-cache", "on,off"])
+  assert [(s["arm"], s["lowering_cache"]) for s in specs] == [("bf16", None), ("tetrajet_v2", "on"), ("tetrajet_v2", "off")]
+  with pytest.raises(SystemExit) as e:
+    train_steps.parse_args(["--models", "tiny", "--lowering-cache", "maybe"])
+  assert e.value.code == 2 and "--lowering-cache: use on, off or both" in capsys.readouterr().err
 
 
 def test_the_chosen_semantics_reaches_the_worker():
-  """The worker checks that its kernels lower with the semantics asked for (set through the
-  environment before it imports them), and the table labels the row with it."""
+  """The worker checks that its kernels lower with the semantics and the lowering cache asked for
+  (set through the environment before it imports them), and the table labels the row with both."""
   spec = dict(model="tiny", arm="bf16", backend="xla", scan_blocks=None, layers=1, batch_size=2, seq_len=64,
-              vocab=64, steps=2, warmup=2, quantizer_semantics="lane")
+              vocab=64, steps=2, warmup=2, quantizer_semantics="lane", lowering_cache="off")
   row = train_steps.run_arm(spec)
   assert "error" not in row, row
-  assert row["quantizer_semantics"] == "lane"
-  assert "| tiny | bf16 (lane semantics) |" in train_steps.table(dict(rows=train_steps.with_ratios([row])))
+  assert (row["quantizer_semantics"], row["lowering_cache"]) == ("lane", "off")
+  assert "| tiny | bf16 (lane semantics) (lowering cache off) |" in train_steps.table(dict(rows=train_steps.with_ratios([row])))

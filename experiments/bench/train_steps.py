@@ -4,6 +4,7 @@
                                       [--backend auto] [--scan-blocks default|on|off]
                                       [--batch-size 32] [--seq-len 1024] [--steps 20] [--out FILE.json]
                                       [--no-oscillation-monitor] [--quantizer-semantics warpgroup,lane]
+                                      [--lowering-cache on,off]
 
 Each (model, arm) runs in its own process, one after the other, through the
 real `Trainer` (its data pipeline, its one-step-ahead loop, its attention
@@ -30,7 +31,9 @@ measures the arm without it.
 
 `--quantizer-semantics warpgroup,lane` runs each quantized arm once per
 lowering semantics of the quantizer kernels (`kernels._platform`), so the
-compile time and speed of both are measured against the same bf16 row.
+compile time and speed of both are measured against the same bf16 row;
+`--lowering-cache on,off` likewise with the process's Mosaic lowering cache
+(`kernels/_lowering_cache.py`) on and off.
 
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.
@@ -51,7 +54,7 @@ import jax.monitoring
 import numpy as np
 
 from experiments.bench.timing import commit_id, device_name, write_result
-from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels import _lowering_cache, _platform
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train import TrainConfig, TrainData, Trainer
@@ -92,6 +95,10 @@ def measure(spec: dict) -> dict:
   if sem and _platform.DEFAULT_SEMANTICS != sem:
     raise RuntimeError(f"the quantizer kernels lower with {_platform.DEFAULT_SEMANTICS!r} semantics, not {sem!r}: "
                        f"{_platform.SEMANTICS_ENV} did not reach this process")
+  cache = spec.get("lowering_cache")
+  if cache and _lowering_cache.enabled() != (cache == "on"):
+    raise RuntimeError(f"the Mosaic lowering cache is {'on' if _lowering_cache.enabled() else 'off'}, not {cache}: "
+                       f"{_lowering_cache.ENV} did not reach this process")
   trainer = bench_trainer(spec)
   stages = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
 
@@ -112,6 +119,7 @@ def measure(spec: dict) -> dict:
   stats = jax.devices()[0].memory_stats() or {}
   peak = stats.get("peak_bytes_in_use")
   return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
+              lowering_cache=spec.get("lowering_cache"),
               phases=phases, compile_s=compile_s,
               compile_stages=stages, warmup_s=warmup_s,
               tokens_per_s=last["perf/tokens_per_s"], model_tflops_per_s=last["perf/model_tflops_per_s"],
@@ -125,6 +133,8 @@ def run_arm(spec: dict) -> dict:
   env = dict(os.environ)
   if spec.get("quantizer_semantics"):  # the kernels read their default at import, in the worker
     env[_platform.SEMANTICS_ENV] = spec["quantizer_semantics"]
+  if spec.get("lowering_cache"):  # installed at import, in the worker
+    env[_lowering_cache.ENV] = "1" if spec["lowering_cache"] == "on" else "0"
   proc = subprocess.run([sys.executable, "-m", "experiments.bench.train_steps", json.dumps(spec)],
                         capture_output=True, text=True, check=False, env=env)
   for line in proc.stdout.splitlines():
@@ -132,6 +142,7 @@ def run_arm(spec: dict) -> dict:
       return json.loads(line[len(RESULT_TAG):])
   tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
   return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
+              lowering_cache=spec.get("lowering_cache"),
               error=f"rc {proc.returncode}: {' | '.join(tail)}"[:400])
 
 
@@ -147,9 +158,9 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 
 
 def _label(row: dict) -> str:
-  """The arm, with the quantizer kernels' lowering semantics where the run chose one."""
-  sem = row.get("quantizer_semantics")
-  return row["arm"] + (f" ({sem} semantics)" if sem else "")
+  """The arm, with the quantizer kernels' lowering semantics and the lowering cache where the run chose them."""
+  sem, cache = row.get("quantizer_semantics"), row.get("lowering_cache")
+  return row["arm"] + (f" ({sem} semantics)" if sem else "") + (f" (lowering cache {cache})" if cache else "")
 
 
 def table(result: dict) -> str:
@@ -184,6 +195,9 @@ def parse_args(argv):
   p.add_argument("--quantizer-semantics", default="",
                  help="comma list of warpgroup,lane: each quantized arm once per lowering semantics of the "
                       "quantizer kernels (kernels._platform; default: the kernels' default, unlabelled)")
+  p.add_argument("--lowering-cache", default="",
+                 help="comma list of on,off: each quantized arm once with the process's Mosaic lowering cache "
+                      "on and off (default: the process default, unlabelled)")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--vocab", type=int, default=16384, help="vocabulary of the random tokens (the BPE's size)")
@@ -205,11 +219,15 @@ def parse_args(argv):
   bad = [v for v in semantics if v is not None and v not in known]
   if bad:
     p.error(f"--quantizer-semantics: unknown {bad}; known: {', '.join(known)}")
+  caches = a.lowering_cache.split(",") if a.lowering_cache else [None]
+  if any(v not in (None, "on", "off") for v in caches):
+    p.error(f"--lowering-cache: use on, off or both, got {a.lowering_cache!r}")
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
   specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
-                monitor_oscillation=not a.no_oscillation_monitor, quantizer_semantics=sem,
+                monitor_oscillation=not a.no_oscillation_monitor, quantizer_semantics=sem, lowering_cache=cache,
                 batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup)
-           for model in models for arm in arms for sem in ([None] if arm == "bf16" else semantics)]
+           for model in models for arm in arms for sem in ([None] if arm == "bf16" else semantics)
+           for cache in ([None] if arm == "bf16" else caches)]
   for spec in specs:  # every configuration is checked before any arm runs
     try:
       bench_config(spec)
@@ -229,6 +247,7 @@ def main(argv=None) -> dict:
   result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers,
                               quantizer_semantics=a.quantizer_semantics or None,
+                              lowering_cache=a.lowering_cache or None,
                               oscillation_monitor=not a.no_oscillation_monitor, batch_size=a.batch_size,
                               seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup),
                 rows=with_ratios(rows))
