@@ -96,6 +96,8 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
               seq_len=seq_len, vocab=16384, steps=2, warmup=2)
   row = dict(step=f"{model}/{arm}", evaluation=evaluation, lowering_cache=_lowering_cache.enabled())
   on_gpu = jax.default_backend() == "gpu"
+  jax.clear_caches()  # each arm from nothing: no kernel lowered for an earlier row is reused
+  _lowering_cache.clear()
   with _platform.assume_hopper():
     trainer = train_steps.bench_trainer(spec)
     t0 = time.perf_counter()
