@@ -116,6 +116,9 @@ def test_lowering_section_lowers_whole_steps_with_their_kernels():
   assert fp4["step"] == "tiny/tetrajet_v2" and fp4["lower_s"] > 0
   assert 0 < fp4["mosaic_modules"] <= fp4["mosaic_calls"]
   assert bf16["mosaic_calls"] == 0
+  # The update's first half, and its second half in each of the three window phases the run meets.
+  assert fp4["phases"] == ["fp4"] and fp4["functions"] == 4
+  assert f"| tiny/tetrajet_v2 | on | 4 | {fp4['lower_s']:.1f} | {fp4['mosaic_modules']} |" in lowering.table(result)
   if jax.default_backend() == "cpu":
     assert not hopper_available()
 

@@ -117,6 +117,18 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
   return row
 
 
+def table(result: dict) -> str:
+  """The whole-run rows as a markdown table (what docs/PERFORMANCE.md shows)."""
+  lines = ["| run | lowering cache | functions | trace + lower s | Mosaic modules | Mosaic calls |",
+           "|---|---|---:|---:|---:|---:|"]
+  for r in result["rows"]:
+    if "step" in r:
+      cache = {True: "on", False: "off"}.get(r.get("lowering_cache"), "-")
+      lines.append(f"| {r['step']}{' + validation' if r.get('evaluation') else ''} | {cache} | {r.get('functions', '-')} | "
+                   f"{r['lower_s']:.1f} | {r['mosaic_modules']} | {r['mosaic_calls']} |")
+  return "\n".join(lines)
+
+
 def _seconds(fn) -> float:
   t0 = time.perf_counter()
   fn()

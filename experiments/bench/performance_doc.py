@@ -2,7 +2,7 @@
 
     python -m experiments.bench doc [--out docs/PERFORMANCE.md] FILE.json ...
 
-Each file is one `python -m experiments.bench kernels`, `... train` or `... profile` result
+Each file is one `python -m experiments.bench kernels`, `... train`, `... profile` or `... lowering` result
 (the JSON their --out writes); the document shows their tables in the order
 given, each with the commit, device and date it was measured at, under a
 fixed text that says what is measured and what each target is. No figure in
@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from experiments.bench import step_profile, train_steps
+from experiments.bench import lowering, step_profile, train_steps
 from experiments.bench.jobs import markdown_tables
 from experiments.bench.timing import REPO_ROOT
 
@@ -66,6 +66,10 @@ def file_section(path: str, result: dict) -> list[str]:
             f"{s['batch_size']} x {s['seq_len']} tokens per step, backend {s['backend']}, scan blocks "
             f"{s['scan_blocks']}, oscillation monitor {'off' if monitor is False else 'on'}, {s['steps']} timed "
             f"steps after {s['warmup']}):", "", train_steps.table(result), ""]
+  elif result.get("kind") == "lowering":
+    out += [f"lowering for CUDA on a host without a GPU (commit {result['commit']}, {result['host_cpus']} CPUs, "
+            f"{result['date']}; `python -m experiments.bench lowering --steps`, every function a run of the arm "
+            "compiles, under `assume_hopper`):", "", lowering.table(result), ""]
   else:
     out += [markdown_tables([result])]
   return out
