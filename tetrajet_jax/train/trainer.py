@@ -259,25 +259,25 @@ class Trainer:
     return self._step_fn(), (None if self._tx_osci is None else self._oscillation_fn())
 
   def precompile(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True) -> list[str]:
-    """Compiles `lower_run`'s functions side by side (XLA compiles outside the GIL); nothing runs.
-    With JAX's persistent compilation cache on, several runs can compile at once on a many-core
-    host and each load its functions when its turn on the GPU comes. Returns the phases compiled."""
-    phases, lowered = self.lower_run(logits_shapes, evaluation=evaluation)
-    if lowered:
-      with concurrent.futures.ThreadPoolExecutor(len(lowered)) as pool:
-        list(pool.map(lambda low: low.compile(), lowered.values()))
+    """Compiles `lower_run`'s functions, each once lowered (XLA compiles outside the GIL, beside the next
+    lowering); nothing runs. Fills JAX's persistent compilation cache if on. Returns the phases compiled."""
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+      compiles = []
+      phases, _ = self.lower_run(logits_shapes, evaluation=evaluation,
+                                 on_lowered=lambda low: compiles.append(pool.submit(low.compile)))
+      for c in compiles:
+        c.result()
     return phases
 
   def lower_run(self, logits_shapes: Sequence[tuple[int, int]] = (), *, evaluation: bool = True,
-                platforms: Sequence[str] | None = None) -> tuple[list[str], dict[tuple, Any]]:
-    """(OutControl phases, {key: jax.stages.Lowered}): every function the rest of the run compiles,
-    lowered (for `platforms`, default this backend): the train step of every OutControl phase it goes
-    through (with its oscillation step in each OsciReset window phase those updates meet), the
-    validation pass (batch_size rows) of each phase it evaluates in and of the final one, and the
-    forward (`logits_fn`) of the final phase at ``logits_shapes`` ([batch, length] token shapes,
-    e.g. downstream scoring's length buckets). evaluation=False: the train steps only."""
+                platforms: Sequence[str] | None = None,
+                on_lowered: Callable[[Any], None] | None = None) -> tuple[list[str], dict[tuple, Any]]:
+    """(OutControl phases, {key: Lowered}): every function the rest of the run compiles, lowered for
+    `platforms` (default: this backend) and each handed to `on_lowered` at once: the train step of each
+    OutControl phase (with its oscillation step per OsciReset window phase its updates meet), the
+    validation pass of each phase it evaluates in, and the final phase's forward (`logits_fn`) at
+    ``logits_shapes`` (e.g. downstream scoring's length buckets). evaluation=False: train steps only."""
     cfg = self.config
-    lower = lambda fn, *args: fn.trace(*args).lower(lowering_platforms=platforms and tuple(platforms))
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
     batch = {"inputs": spec, "targets": spec}
     steps = range(self.step, cfg.total_steps)
@@ -290,22 +290,25 @@ class Trainer:
     eval_phases = {self._phase_for_update(s) for s in steps if cfg.eval_every and (s + 1) % cfg.eval_every == 0}
     eval_phases.add(final_phase)  # periodic validation's last one, or a caller's final `evaluate`
     ds, tb = self._val_inputs(cfg.batch_size)
-    local = next(iter(ds))
-    val_batch = sharding_lib.global_batch({k: local[k] for k in ("inputs", "targets", "weights")}, self.mesh)
-    params, model_vars = self.state["params"], self.state["model"]
+    val_batch = sharding_lib.global_batch(
+        {k: v for k, v in next(iter(ds)).items() if k in ("inputs", "targets", "weights")}, self.mesh)
+    params, model_vars, rep = self.state["params"], self.state["model"], sharding_lib.replicated(self.mesh)
     graphdef, lowered = self._graphdef, {}  # keyed by (kind, graph): phases that run one graph share it
+    def lower(key, fn, *args):
+      if key not in lowered:
+        lowered[key] = fn.trace(*args).lower(lowering_platforms=platforms and tuple(platforms))
+        if on_lowered is not None:
+          on_lowered(lowered[key])
     try:
       for phase in phases:
         g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
         for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
-          if (kind, g) not in lowered:
-            lowered[kind, g] = lower(fn, *args)
-        if evaluation and phase in eval_phases and ("eval", g) not in lowered:
-          lowered["eval", g] = lower(self._eval_fn(), params, model_vars, val_batch, tb)
-        if evaluation and phase == final_phase:
-          rep = sharding_lib.replicated(self.mesh)
-          lowered.update({("logits", shape): lower(self._logits_jit(), params, model_vars, jax.ShapeDtypeStruct(
-              shape, jnp.int32, sharding=rep)) for shape in logits_shapes})
+          lower((kind, g), fn, *args)
+        if evaluation and phase in eval_phases:
+          lower(("eval", g), self._eval_fn(), params, model_vars, val_batch, tb)
+        for shape in (logits_shapes if evaluation and phase == final_phase else ()):
+          lower(("logits", shape), self._logits_jit(), params, model_vars,
+                jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
     finally:
       self._graphdef = graphdef
     return list(phases), lowered
@@ -435,8 +438,7 @@ class Trainer:
                  dynamic_ncols=True, mininterval=1.0)
     last: dict[str, float] = {}
     pending = None
-    # The jitted functions change only with the phase's graph; looking them up
-    # (hashing the graph and the state's tree) costs milliseconds of host time per step.
+    # The jitted functions change only with the graph; a lookup costs milliseconds of host time per step.
     fns, fns_graph = None, None
     self._stop_signal = None
     self.throughput.reset()
@@ -487,10 +489,8 @@ class Trainer:
         bar.close()
       if self.checkpointer is not None:
         self.checkpointer.wait()
-    if self._stop_signal is not None:
-      status = "interrupted"
-    else:
-      status = "completed" if self.step >= cfg.total_steps else "paused"
+    status = ("interrupted" if self._stop_signal is not None
+              else "completed" if self.step >= cfg.total_steps else "paused")
     return TrainResult(status=status, step=self.step, last_metrics=last)
 
   def close(self) -> None:
