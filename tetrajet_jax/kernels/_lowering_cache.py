@@ -67,17 +67,16 @@ def _cached(lower):
     try:
       with _lock:
         entry = _modules.get(key)
+        stats["hits" if entry is not None else "misses"] += 1
     except TypeError:  # an unhashable option: lower as JAX would
       return lower(gpu_mesh, jax_mesh, jaxpr, in_shapes, out_shapes, params, **kwargs)
     if entry is not None:
       result, bytecode = entry
-      stats["hits"] += 1
       return dataclasses.replace(result, module=ir.Module.parse(bytecode))
     result = lower(gpu_mesh, jax_mesh, jaxpr, in_shapes, out_shapes, params, **kwargs)
     buf = io.BytesIO()
     result.module.operation.write_bytecode(buf)
     with _lock:
-      stats["misses"] += 1
       _modules[key] = (dataclasses.replace(result, module=None), buf.getvalue())
     return result
 
