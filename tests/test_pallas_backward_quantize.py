@@ -43,6 +43,27 @@ def hard_input(rng, shape, dtype, nonfinite=False):
   return jnp.asarray(x.astype(np.float32)).astype(dtype)
 
 
+def exact_rht_input(rng, shape, dtype, nonfinite=False):
+  """Like hard_input (rows are the quantized lines; a zero 128-block, a tiny 16-block beside a large
+  one, scales spread over 2^+-30), but every 16-block is small integers times one power of two, so
+  its RHT sums are exact in FP32 in any order. For bitwise comparisons of two transforms in the
+  interpreter: there XLA's CPU dot, whose accumulation order follows the host's vector width,
+  computes them (on the GPU the hard input is compared bitwise: test_backward_quantizer_gpu,
+  test_tensor_scaled_modes_gpu)."""
+  rows, cols = shape
+  m = rng.integers(-127, 128, size=shape).astype(np.float64)
+  e = np.repeat(rng.integers(-30, 31, size=(rows, cols // 16)), 16, axis=1)
+  x = m * np.exp2(e)
+  x[0, :128] = 0.0  # all-zero block: s_out = 1
+  x[1, :16] = 2.0**-100  # tiny chunk next to a large one: s_in rounds to 0 -> 2^-9
+  x[1, 16:32] = rng.integers(-127, 128, size=16)
+  x[1, 16] = 2.0**13
+  if nonfinite:
+    x[3, 5] = np.nan
+    x[4, 200] = np.inf
+  return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
 def _codes(t):
   return np.asarray(unpack_e2m1(t.codes))
 
@@ -164,9 +185,9 @@ def check_tensor_scaled(x, signs, sr_key, *, axis, rounding, interpret, k_splits
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_tensor_scaled_modes_interpret(rng, key, dtype):
   """SR without RHT (NVIDIA's dY along N), SR and RTN after the RHT (dY^T, X^T along tokens),
-  both axes; the hard input sends many 16-blocks under the per-tensor scale to the smallest
-  E4M3 scales."""
-  xl = hard_input(rng, (64, 256), dtype)
+  both axes; the input's spread sends many 16-blocks under the per-tensor scale to the smallest
+  E4M3 scales (exact RHT sums: the amax pass and the quantizing pass compare bitwise)."""
+  xl = exact_rht_input(rng, (64, 256), dtype)
   sr_key = jax.random.fold_in(key, 4)
   for signs, rounding in ((None, "stochastic"), (hadamard_signs(key), "stochastic"), (hadamard_signs(key), "nearest")):
     for x, axis in ((xl, -1), (xl.T, 0)):
@@ -281,9 +302,10 @@ def test_block_tile_source_is_bitwise_the_smem_one_interpret(rng, key, dtype):
   per-block one's 16-block only, as the reference butterfly does: under block scaling either
   128-block is NaN-scaled with zero codes; under a finite tensor scale (which a non-finite
   tensor's amax never gives) the dense transform would also zero the other seven inner blocks,
-  so that mode runs on finite input."""
-  xl = hard_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
-  x_finite = hard_input(rng, (64, 256), dtype)
+  so that mode runs on finite input. Exact RHT sums (exact_rht_input): both transforms run in the
+  interpreter."""
+  xl = exact_rht_input(rng, (64, 256), dtype, nonfinite=dtype == jnp.float32)
+  x_finite = exact_rht_input(rng, (64, 256), dtype)
   signs, seed = hadamard_signs(key), sr_seed(jax.random.fold_in(key, 2))
   modes = ((xl, dict(signs_16=signs, seed=seed, emit_operand=True, emit_transformed=True)),
            (xl, dict(signs_16=None, seed=None, rounding="nearest")),

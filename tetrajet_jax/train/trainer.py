@@ -281,11 +281,11 @@ class Trainer:
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
     batch = {"inputs": spec, "targets": spec}
     steps = range(self.step, cfg.total_steps)
+    if not steps:  # the run is over
+      return [], {}
     phases: dict[str, dict] = {}  # OutControl phase, in run order -> the OsciReset window phases its updates meet
     for s in steps:
       phases.setdefault(self._phase_for_update(s), {})[self._window_phase(s)] = None
-    if not steps:  # the run is over
-      return [], {}
     final_phase = self._phase_for_update(cfg.total_steps - 1)
     eval_phases = {self._phase_for_update(s) for s in steps if cfg.eval_every and (s + 1) % cfg.eval_every == 0}
     eval_phases.add(final_phase)  # periodic validation's last one, or a caller's final `evaluate`
