@@ -37,8 +37,9 @@ def _lower_both(on: bool):
 
 @pytest.fixture
 def restore_cache():
+  was_on = _lowering_cache.enabled()
   yield
-  _lowering_cache.install(True)
+  _lowering_cache.install(was_on)
 
 
 def test_second_function_reuses_the_first_lowering(restore_cache):

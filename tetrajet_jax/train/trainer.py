@@ -296,7 +296,7 @@ class Trainer:
     graphdef, lowered = self._graphdef, {}  # keyed by (kind, graph): phases that run one graph share it
     def lower(key, fn, *args):
       if key not in lowered:
-        lowered[key] = fn.trace(*args).lower(lowering_platforms=platforms and tuple(platforms))
+        lowered[key] = fn.trace(*args).lower(lowering_platforms=tuple(platforms) if platforms else None)
         if on_lowered is not None:
           on_lowered(lowered[key])
     try:
