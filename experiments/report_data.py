@@ -165,9 +165,28 @@ def load_folder(path: Path, expected_arms: tuple[str, ...]) -> RunFolder:
                    provenance=provenance, throughput_alone=throughput_alone)
 
 
+def requested_arms(provenance: list[dict]) -> set[str]:
+  """Arms named by ``--arms`` in the folder's device commands."""
+  arms = set()
+  for entry in provenance:
+    words = str(entry.get("command", "")).split()
+    for flag, value in zip(words, words[1:]):
+      if flag == "--arms":
+        arms.update(a for a in value.split(",") if a)
+  return arms
+
+
 def load_folders(paths: list[Path]) -> list[RunFolder]:
-  """The first folder is the reference (all ablation arms); the others repeat the seed-noise arms."""
-  return [load_folder(p, ABLATION_ARMS if i == 0 else SEED_NOISE_ARMS) for i, p in enumerate(paths)]
+  """The first folder is the reference (all ablation arms); each other one
+  expects the seed-noise arms and every arm its device commands asked for."""
+  folders = []
+  for i, path in enumerate(paths):
+    folder = load_folder(path, ABLATION_ARMS)
+    if i > 0:
+      wanted = set(SEED_NOISE_ARMS) | requested_arms(folder.provenance or [])
+      folder = dataclasses.replace(folder, expected_arms=tuple(a for a in ABLATION_ARMS if a in wanted))
+    folders.append(folder)
+  return folders
 
 
 # ---- numbers ---------------------------------------------------------------------------------

@@ -226,6 +226,20 @@ def test_missing_arm_and_seed_folder_give_na(tmp_path, folders):
   assert "![Seed-to-seed loss curves]" not in text
 
 
+def test_seed_folder_expects_the_arms_its_commands_asked_for(tmp_path, folders):
+  """A repeat seed whose device command named more arms than it finished lists
+  the rest as missing, in the summary and as rows of the main table."""
+  seed0, _ = folders
+  seed2 = write_folder(tmp_path / "seed2", 2, ["bf16"], provenance=[
+      {"commit": "abc", "device": "NVIDIA H200", "finished_arms": ["bf16"],
+       "command": "python -m experiments.ablation --seed 2 --arms bf16,nvidia_nvfp4,tetrajet_v2 --resume"}])
+  text = run_report(tmp_path, [seed0, seed2])
+  assert "seed 2: nvidia_nvfp4, tetrajet_v2, tetrajet_v2_full missing or not completed" in text
+  rows = {(r["arm"], r["seed"]): r for r in table_rows(section(text, "Main table"))}
+  assert rows["tetrajet_v2", "seed 2"]["status"] == "missing"
+  assert ("tetrajet_v2_oscireset", "seed 2") not in rows
+
+
 def test_output_is_deterministic(tmp_path, folders):
   assert run_report(tmp_path, folders) == run_report(tmp_path, folders)
 
