@@ -139,6 +139,8 @@ def interpreted_kernels(monkeypatch):
 
   bench.patch(monkeypatch, "quantize_nvfp4_rtn", functools.partial(bench.quantize_nvfp4_rtn, interpret=True))
   bench.patch(monkeypatch, "quantize_nvfp4_backward", functools.partial(bench.quantize_nvfp4_backward, interpret=True))
+  bench.patch(monkeypatch, "quantize_nvfp4_rtn_triton",
+              functools.partial(bench.quantize_nvfp4_rtn_triton, interpret=True))
   bench.patch(monkeypatch, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
   bench.patch(monkeypatch, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
   bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)
@@ -152,10 +154,12 @@ def test_quantizer_jobs_check_then_time_every_variant(interpreted_kernels):
   assert [r["name"] for r in rows] == [
       "xla quantize_nvfp4 bfloat16", "pallas rtn bfloat16 rows64_s2", "pallas rtn bfloat16 rows64_s2 +operand",
       "pallas rtn bfloat16 rows64_s2 lane semantics",
+      *(f"triton rtn bfloat16 rows{r}_w{w}" for r, w in bench.TRITON_TILINGS),
       "pallas rtn bfloat16 rows64_s2 division=hardware (timing only, inexact)",
       "pallas rtn bfloat16 rows64_s2 load+store only (ceiling)",
       "xla quantize_nvfp4 float32", "pallas rtn float32 rows64_s2", "pallas rtn float32 rows64_s2 +operand",
-      "pallas rtn float32 rows64_s2 lane semantics"]
+      "pallas rtn float32 rows64_s2 lane semantics",
+      *(f"triton rtn float32 rows{r}_w{w}" for r, w in bench.TRITON_TILINGS)]
   assert all(r["ok"] for r in rows), log.getvalue()
   for r in rows:
     assert {"kind", "name", "shape", "ms", "gbps", "vs_copy", "vs_xla"} <= set(r) and r["vs_xla"] == 1.0

@@ -12,6 +12,7 @@ from experiments.bench.copy_kernel import copy_fns
 from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
 from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward
+from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_rtn_triton
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, unpack_e2m1)
 
@@ -58,6 +59,8 @@ ATTRIBUTION = (
 LANE_SUFFIX = " lane semantics"
 DENSE_SUFFIX = " dense transform (SMEM tile)"
 REGISTERS_SUFFIX = " tiles from registers (unrolled, larger module)"
+# The Pallas Triton RTN kernel (`kernels.nvfp4_quantize_triton`): (rows per program, warps).
+TRITON_TILINGS = ((16, 2), (32, 4), (64, 4), (64, 8))
 
 
 def _same_as(ref_key):
@@ -140,6 +143,12 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tupl
                         lane[0], lane[1], dt, nb, bw(times), times[xla])))
     jobs += _tiling_jobs(exact, tilings, lambda rows, steps: lambda v: quantize_nvfp4_rtn(
         v, block_rows=rows, max_concurrent_steps=steps), (x,), nb, bw, xla)
+    for rows, warps in TRITON_TILINGS:  # bitwise the XLA quantizer, like the Mosaic kernel
+      key = (f"triton rtn {dname} rows{rows}_w{warps}", shape)
+      jobs.append(Job(key, lambda v, rows=rows, warps=warps: quantize_nvfp4_rtn_triton(
+          v, block_rows=rows, num_warps=warps), (x,), check=_same_as(xla),
+          row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
+              key[0], key[1], dt, nb, bw(times), times[xla])))
     _label(jobs, start, f"rtn {dname}")
     if dtype == jnp.bfloat16:
       for suffix, knobs in ATTRIBUTION:

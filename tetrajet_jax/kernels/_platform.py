@@ -1,10 +1,11 @@
 """Capability probe and interpret-mode plumbing shared by the kernels.
 
-Every kernel here targets Mosaic GPU on Hopper (sm_90: wgmma, TMA). Elsewhere
-the callers fall back to the XLA path; `interpret=True` runs the same kernel
-body in Mosaic GPU's interpreter on CPU (JAX 0.11's `InterpretGPUParams`),
-which simulates SMEM, TMA, barriers, warpgroups and wgmma, so CI exercises
-the real kernel code, not a re-implementation of it.
+Every kernel here targets Hopper (sm_90): Mosaic GPU (wgmma, TMA), and Pallas
+Triton for `nvfp4_quantize_triton`. Elsewhere the callers fall back to the XLA
+path; `interpret=True` runs the same kernel body on CPU, in Mosaic GPU's
+interpreter (JAX 0.11's `InterpretGPUParams`, which simulates SMEM, TMA,
+barriers, warpgroups and wgmma) or Pallas's generic one for Triton, so CI
+exercises the real kernel code, not a re-implementation of it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Literal
 import jax
 import jax.experimental.pallas.mosaic_gpu as plgpu
 import jax.numpy as jnp
+from jax._src.pallas.triton import gpu_info as triton_gpu_info  # what `assume_hopper` stands in for
 
 
 # Compiler parameters of the quantizer kernels. Pallas brackets every SMEM store with two
@@ -90,10 +92,14 @@ def assume_hopper(sms: int = 132):
   inside may run. Kernel wrappers traced earlier in the process keep the SM count they saw."""
   global _assumed_sms  # pylint: disable=global-statement
   before, _assumed_sms = _assumed_sms, sms
+  # Pallas Triton reads the target's compute capability from a device while lowering.
+  triton_info, get_info = triton_gpu_info, triton_gpu_info.get_gpu_info
+  triton_info.get_gpu_info = lambda: triton_info._get_gpu_info_impl(triton_info.GpuVersion.H100)  # pylint: disable=protected-access
   try:
     yield
   finally:
     _assumed_sms = before
+    triton_info.get_gpu_info = get_info
 
 
 def one_lowering_per_instance(*static_argnames: str):
