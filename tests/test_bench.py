@@ -141,6 +141,8 @@ def interpreted_kernels(monkeypatch):
   bench.patch(monkeypatch, "quantize_nvfp4_backward", functools.partial(bench.quantize_nvfp4_backward, interpret=True))
   bench.patch(monkeypatch, "quantize_nvfp4_rtn_triton",
               functools.partial(bench.quantize_nvfp4_rtn_triton, interpret=True))
+  bench.patch(monkeypatch, "quantize_nvfp4_backward_triton",
+              functools.partial(bench.quantize_nvfp4_backward_triton, interpret=True))
   bench.patch(monkeypatch, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
   bench.patch(monkeypatch, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
   bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)
@@ -182,6 +184,18 @@ def test_quantizer_tilings_are_checked_against_the_default(interpreted_kernels):
       bench.main(["--only", "quant", "--quant-tilings", bad])
 
 
+def test_quant_rows_keep_baselines_and_checks():
+  """--quant-rows: matching kernel rows, plus the copy and XLA baselines and the kernel checks
+  every ratio and row depends on."""
+  import re
+  names = [j.name for j in bench.select_rows(bench.backward_quantizer_jobs([(64, 256)]), re.compile("triton"))]
+  assert any(n.startswith("copy") for n in names) and "xla rht+sr bfloat16 axis=0" in names
+  assert "pallas rht+sr bfloat16 axis=0 check" in names and "pallas rht+sr bfloat16 axis=0" not in names
+  assert sum(n.startswith("triton") for n in names) == 2 * 2 * len(bench.TRITON_TILINGS)
+  with pytest.raises(SystemExit):
+    bench.main(["--only", "quant", "--quant-rows", "("])
+
+
 def test_quantizer_jobs_per_input_kind():
   """--quant-inputs lognormal,normal: both kinds' jobs; the default kind keeps
   the historical row names, the other is named in each row. (Running them is
@@ -207,8 +221,10 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   assert all(r["ok"] for r in rows), log.getvalue() + str([r for r in rows if not r["ok"]])
   names = [r["name"] for r in rows]
   # Per dtype and axis: XLA, the kernel, +operand, tiles from registers, the dense transform and lane
-  # semantics (the last three checked bitwise against the kernel).
-  assert len(names) == 2 * 2 * 6 + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  # semantics (the last three checked bitwise against the kernel), and the Triton kernel's tilings
+  # (checked bitwise against XLA).
+  assert len(names) == 2 * 2 * (6 + len(bench.TRITON_TILINGS)) + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  assert "triton rht+sr float32 axis=0 rows64_w8" in names
   assert "pallas rht+sr bfloat16 axis=0 dense transform (SMEM tile)" in names
   assert "pallas rht+sr bfloat16 axis=0 lane semantics" in names
   assert "pallas rht+sr float32 axis=0 tiles from registers (unrolled, larger module)" in names

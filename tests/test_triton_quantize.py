@@ -1,8 +1,12 @@
-"""Pallas Triton RTN NVFP4 quantizer vs tetrajet_jax.numerics.quantize_nvfp4, bitwise.
+"""Pallas Triton NVFP4 quantizers (RTN; RHT + SR) vs the XLA path, bitwise.
 
-CI: the kernel body runs in Pallas's interpreter at small shapes, and lowers to
-a Triton module for an sm_90 target (which catches operations Pallas Triton
-cannot lower); the `gpu`-marked tests compile and run it on the GPU host.
+The Triton backward quantizer runs the XLA RHT's operations in their order, so
+unlike the Mosaic kernel (whose transform is a tensor-core product) it must
+equal `quantize_nvfp4(random_hadamard_16(x))` bit for bit, transform included.
+
+CI: the kernel bodies run in Pallas's interpreter at small shapes, and lower to
+Triton modules for an sm_90 target (which catches operations Pallas Triton
+cannot lower); the `gpu`-marked tests compile and run them on the GPU host.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dataclasses
+
 from tests.test_pallas_quantize import assert_reference, assert_same_tensor, hard_input
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_rtn_triton
-from tetrajet_jax.numerics import quantize_nvfp4
+from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward_reference
+from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton
+from tetrajet_jax.numerics import hadamard_signs, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.numerics.counter_rng import sr_seed
 
 
 def _edge_input(rng, shape, dtype):
@@ -44,25 +52,77 @@ def test_rtn_triton_matches_the_numpy_reference_interpret(rng, dtype):
   assert_reference(quantize_nvfp4_rtn_triton(x, block_rows=32, interpret=True), x)
 
 
+def _backward_want(x, rht_key, sr_key, axis: int, stochastic: bool):
+  """The XLA path's result, with the kernel's logical shape (axis 0 pads the tokens)."""
+  if stochastic:
+    want = quantize_nvfp4_backward_reference(x, rht_key, sr_key, axis=axis)
+  else:
+    xp = x if axis == -1 else jnp.pad(x, ((0, -x.shape[0] % 128), (0, 0)))
+    want = quantize_nvfp4(random_hadamard_16(xp, rht_key, axis=axis), axis=axis)
+  return dataclasses.replace(want, shape=x.shape)
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+@pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_rtn_triton_lowers_for_hopper(dtype):
-  """Every operation of the kernel body has a Pallas Triton lowering for sm_90."""
+def test_backward_triton_bitwise_interpret(rng, key, dtype, axis, stochastic):
+  """RHT + double-block scales + SR (or RTN), both axes; axis 0 with tokens not a multiple of 128
+  (zero-padded); NaN, Inf and subnormal elements in their own blocks."""
+  x = _edge_input(rng, (64, 256), dtype)
+  x = x if axis == -1 else x.T[:200]
+  rht_key, sr_key = jax.random.split(key)
+  t = quantize_nvfp4_backward_triton(x, hadamard_signs(rht_key), sr_seed(sr_key) if stochastic else None,
+                                     axis=axis, block_rows=16, interpret=True)
+  assert t.shape == x.shape and t.axis == axis % 2
+  assert_same_tensor(t, _backward_want(x, rht_key, sr_key, axis, stochastic))
+
+
+def test_backward_triton_seed_selects_the_bits_interpret(rng, key):
+  x = hard_input(rng, (32, 256), jnp.float32)
+  signs = hadamard_signs(key)
+  a, b, c = (quantize_nvfp4_backward_triton(x, signs, s, block_rows=32, interpret=True) for s in (1, 1, 2))
+  np.testing.assert_array_equal(np.asarray(a.codes), np.asarray(b.codes))
+  assert np.mean(np.asarray(a.codes) != np.asarray(c.codes)) > 0.1
+  np.testing.assert_array_equal(np.asarray(a.scale_inner, np.float32), np.asarray(c.scale_inner, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_triton_kernels_lower_for_hopper(dtype):
+  """Every operation of the kernel bodies has a Pallas Triton lowering for sm_90."""
   spec = jax.ShapeDtypeStruct((256, 512), dtype)
+  signs = jnp.ones((16,), jnp.float32)
+  fns = [quantize_nvfp4_rtn_triton] + [
+      lambda v, axis=axis, seed=seed: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis)
+      for axis in (-1, 0) for seed in (jnp.uint32(3), None)]
   with _platform.assume_hopper():
-    text = jax.jit(quantize_nvfp4_rtn_triton).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
-  assert "__gpu$xla.gpu.triton" in text
+    for fn in fns:
+      text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
+      assert "__gpu$xla.gpu.triton" in text
 
 
 @pytest.mark.parametrize("shape, dtype, block_rows, match", [
     ((4, 64, 128), jnp.float32, 32, "2-D"),
     ((64, 128), jnp.int32, 32, "dtype"),
     ((64, 200), jnp.float32, 32, "multiple of 128"),
-    ((48, 128), jnp.float32, 32, "R % 32"),
+    ((48, 128), jnp.float32, 32, "rows % 32"),
     ((64, 128), jnp.float32, 24, "power of two"),
 ])
 def test_rtn_triton_bad_input(shape, dtype, block_rows, match):
   with pytest.raises(ValueError, match=match):
     quantize_nvfp4_rtn_triton(jnp.zeros(shape, dtype), block_rows=block_rows, interpret=True)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(axis=2), "axis=2"),
+    (dict(signs_16=jnp.ones((8,))), "shape \\(16,\\)"),
+    (dict(seed=jnp.ones((2,), jnp.uint32)), "scalar"),
+    (dict(x=jnp.zeros((64, 100), jnp.float32)), "multiple of 128"),
+    (dict(x=jnp.zeros((100, 48), jnp.float32), axis=0), "cols % 32"),
+])
+def test_backward_triton_bad_input(kwargs, match):
+  args = dict(x=jnp.zeros((64, 128), jnp.float32), signs_16=jnp.ones((16,)), seed=jnp.uint32(1)) | kwargs
+  with pytest.raises(ValueError, match=match):
+    quantize_nvfp4_backward_triton(args.pop("x"), args.pop("signs_16"), args.pop("seed"), interpret=True, **args)
 
 
 @pytest.mark.gpu
@@ -73,3 +133,15 @@ def test_rtn_triton_bitwise_gpu(rng, dtype, shape):
   t = jax.jit(quantize_nvfp4_rtn_triton)(x)
   assert_same_tensor(t, jax.jit(lambda v: quantize_nvfp4(v, axis=-1))(x))
   assert_reference(t, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_backward_triton_bitwise_gpu(rng, key, dtype, axis):
+  x = _edge_input(rng, (4096, 4096), dtype)
+  rht_key, sr_key = jax.random.split(key)
+  signs, seed = hadamard_signs(rht_key), sr_seed(sr_key)
+  for stochastic in (True, False):
+    t = jax.jit(lambda v, s: quantize_nvfp4_backward_triton(v, signs, s, axis=axis))(x, seed if stochastic else None)
+    assert_same_tensor(t, jax.jit(lambda v: _backward_want(v, rht_key, sr_key, axis, stochastic))(x))

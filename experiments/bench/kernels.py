@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -35,7 +36,8 @@ import jax
 from experiments.bench.gemms import GEMM_SHAPES, gemm_jobs
 from experiments.bench.jobs import Rows, format_table, markdown_tables, run_jobs
 from experiments.bench.layer_parts import DEFAULT_LINEAR_BACKENDS, LINEAR_BACKENDS, LINEAR_SHAPES, linear_jobs
-from experiments.bench.quantizers import QUANT_INPUTS, QUANT_SHAPES, backward_quantizer_jobs, quantizer_jobs
+from experiments.bench.quantizers import (QUANT_BASELINES, QUANT_INPUTS, QUANT_SHAPES, backward_quantizer_jobs,
+                                         quantizer_jobs)
 from experiments.bench.timing import commit_id
 
 def _subset(p: argparse.ArgumentParser, flag: str, value: str, valid: tuple) -> tuple:
@@ -61,6 +63,12 @@ def _shapes(p: argparse.ArgumentParser, flag: str, value: str | None, default: l
 SECTIONS = ("quant", "bwdquant", "gemm", "linear")
 
 
+def select_rows(jobs: list, pattern: re.Pattern) -> list:
+  """--quant-rows: the jobs whose row name matches, and every baseline and check."""
+  return [j for j in jobs if pattern.search(j.name) or j.name.startswith(QUANT_BASELINES)
+          or j.name.endswith(" check")]
+
+
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m experiments.bench kernels", description=__doc__.splitlines()[0])
   p.add_argument("--out", default="results/kernels_bench.json")
@@ -72,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--quant-tilings", default="",
                  help="quantizer kernels also under these tilings ROWSxSTEPS (rows per tile x TMA pipeline depth; "
                       "the default is 64x2), each checked bitwise against the default, e.g. 64x4,128x2")
+  p.add_argument("--quant-rows", default=None, metavar="REGEX",
+                 help="quantizer sections: only the kernel rows whose name matches REGEX (re.search); the "
+                      "copy and XLA baselines and the kernels' checks always run, e.g. 'triton|rows64_s2$'")
   p.add_argument("--gemm-shapes", default=None, help="GEMM shapes MxKxN (out [M, N]), e.g. 16384x1024x1024")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
@@ -102,6 +113,11 @@ def main(argv=None) -> int:
   if any(rows % 64 or steps < 1 for rows, steps in quant_tilings):
     p.error("--quant-tilings: rows must be a multiple of 64 and steps at least 1")
   only = None if args.only is None else _subset(p, "--only", args.only, SECTIONS)
+  try:
+    quant_rows = re.compile(args.quant_rows or "")
+  except re.error as e:
+    p.error(f"--quant-rows: not a regular expression: {e}")
+  keep = lambda jobs: select_rows(jobs, quant_rows)
   quant_inputs = _subset(p, "--quant-inputs", args.quant_inputs, QUANT_INPUTS)
   linear_backends = _subset(p, "--linear-backends", args.linear_backends, LINEAR_BACKENDS)
   if args.quick:
@@ -112,8 +128,10 @@ def main(argv=None) -> int:
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   rows = Rows(header, args.out)
   with open(args.log or os.path.splitext(args.out)[0] + ".log", "w") as log:
-    for section, fn in (("quant", lambda: run_jobs(rows, log, quantizer_jobs(quant_shapes, quant_inputs, quant_tilings))),
-                        ("bwdquant", lambda: run_jobs(rows, log, backward_quantizer_jobs(quant_shapes, quant_inputs, quant_tilings))),
+    for section, fn in (("quant", lambda: run_jobs(rows, log, keep(quantizer_jobs(quant_shapes, quant_inputs,
+                                                                                    quant_tilings)))),
+                        ("bwdquant", lambda: run_jobs(rows, log, keep(backward_quantizer_jobs(
+                            quant_shapes, quant_inputs, quant_tilings)))),
                         ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(
                             linear_shapes, linear_parts_shapes, linear_backends, not args.linear_parts_only)))):

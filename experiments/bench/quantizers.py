@@ -12,9 +12,10 @@ from experiments.bench.copy_kernel import copy_fns
 from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
 from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward
-from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_rtn_triton
+from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton
 from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
                                    random_hadamard_16, unpack_e2m1)
+from tetrajet_jax.numerics.counter_rng import sr_seed
 
 # One quantizer shape: every kernel variant costs 20-40 s of Mosaic compile on
 # the GPU host, and (16384, 1024) ranked the variants the same way
@@ -23,6 +24,8 @@ QUANT_SHAPES = [(16384, 4096)]
 
 
 QUANT_INPUTS = ("lognormal", "normal")
+# Row-name prefixes of the baselines every quantizer row is a ratio to.
+QUANT_BASELINES = ("copy", "xla ")
 
 
 def _test_input(key, shape, dtype, kind: str = "lognormal"):
@@ -242,6 +245,14 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
                             vk[0], vk[1], dt, nb, bw(times), times[xla])))
       jobs += _tiling_jobs(exact, tilings, lambda rows, steps, axis=axis: lambda v, sg, sd: quantize_nvfp4_backward(
           v, sg, sd, axis=axis, block=rows, max_concurrent_steps=steps), (x, signs, jnp.uint32(4)), nb, bw, xla)
+      # The Triton kernel runs the XLA path's RHT operations in order: bitwise the XLA row (same signs
+      # and SR seed).
+      for rows, warps in TRITON_TILINGS:
+        tk = (f"triton rht+sr {dname} axis={axis} rows{rows}_w{warps}", shape)
+        jobs.append(Job(tk, lambda v, sg, sd, axis=axis, rows=rows, warps=warps: quantize_nvfp4_backward_triton(
+            v, sg, sd, axis=axis, block_rows=rows, num_warps=warps), (x, signs, sr_seed(jax.random.key(12))),
+            check=_same_as(xla), row=lambda dt, out, times, tk=tk, nb=nb, bw=bw, xla=xla: _quant_row(
+                tk[0], tk[1], dt, nb, bw(times), times[xla])))
       if dtype == jnp.bfloat16 and axis == -1:
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)

@@ -1,19 +1,26 @@
-"""NVFP4 RTN quantizer (double-block scaling) along the last axis, as a Pallas Triton kernel.
+"""NVFP4 quantizers as Pallas Triton kernels: RTN along the last axis, and the backward
+quantizer (RHT-16, double-block scales, stochastic rounding) along either axis.
 
-The contract is `nvfp4_quantize.quantize_nvfp4_rtn`'s: codes, E4M3 inner
-scales and FP32 outer scales bitwise `numerics.quantize_nvfp4(x, axis=-1)`
-(docs/SPEC.md section 1: two correctly rounded divisions per scale, E4M3 round
-to nearest even, one correctly rounded reciprocal per 16-block, one float32
-product per element, E2M1 round to nearest even).
+The contracts are those of the Mosaic GPU kernels (`nvfp4_quantize`,
+`nvfp4_quantize_backward`), with one stronger: codes, E4M3 inner scales and
+FP32 outer scales are bitwise `numerics.quantize_nvfp4` (docs/SPEC.md section 1:
+two correctly rounded divisions per scale, E4M3 round to nearest even, one
+correctly rounded reciprocal per 16-block, one float32 product per element),
+and the backward kernel's RHT runs the XLA transform's own operations in their
+order (`_rht16`), so it is bitwise `quantize_nvfp4(random_hadamard_16(x))` too,
+where the Mosaic kernel's tensor-core transform agrees up to FP32 summation
+order. Stochastic rounding draws the XLA path's counter-based bits
+(`numerics.counter_rng`: row keys from XLA, one hash per element pair).
 
-What differs is the thread layout. The Mosaic GPU kernel holds its tile in the
+What differs is the thread layout. The Mosaic GPU kernels hold a tile in the
 wgmma register layout, where the 16 elements of an inner block are spread over
 four lanes, so each of those lanes repeats the block's scale arithmetic (two
 divisions, the E4M3 rounding, the reciprocal: dozens of instructions) for
 four elements of its own. Here Triton's blocked layout keeps a row's
-contiguous elements in one thread (16-byte loads), so a block's scale work is
-shared by at most two threads, and the kernel is a plain load, per-block and
-per-element arithmetic, and stores: no shared memory, no barriers.
+contiguous elements in one thread, so a block's scale work is shared by at
+most two threads, and a kernel is a plain load, per-block and per-element
+arithmetic, and stores: no barriers, and shared memory only where Triton
+transposes a tile (axis 0).
 
 Semantics that Triton and the interpreter must agree on:
 - block maxima are integer maxima of |x|'s float32 bits: for non-negative
@@ -27,10 +34,15 @@ Semantics that Triton and the interpreter must agree on:
   on the GPU (`div.rn.ftz.f32`, `rcp.rn.ftz.f32`) and the XLA path's own
   `numerics.scales` functions in the interpreter.
 
-Packing: the tile is viewed as [rows, 8 inner blocks, 8 pairs, 2], and a pair's
+Packing: a tile is viewed as [rows, 8 inner blocks, 8 pairs, 2], and a pair's
 two codes (element 2i in the low nibble) are combined in the thread that holds
 both. Outputs are written in the canonical layouts: codes [R, K/2], inner
 scales [R, K/16] as E4M3, outer scales [R, K/128].
+
+JAX 0.11 marks the Pallas Triton backend deprecated (a DeprecationWarning
+while lowering); these kernels are measured beside the Mosaic ones
+(`python -m experiments.bench kernels --only quant,bwdquant`) and are not on
+the training path.
 """
 
 from __future__ import annotations
@@ -45,7 +57,9 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.numerics import NVFP4Tensor, scales
-from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index
+from tetrajet_jax.numerics.checks import pad_axis_to_multiple
+from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
+from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index, stochastic_index
 from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
 from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL
 
@@ -89,10 +103,11 @@ def _as_float(bits: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _rtn_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *, interpret: bool):
-  """One [bm, 128] tile: bm outer blocks of eight inner blocks."""
-  bm = x_ref.shape[0]
-  x = x_ref[...].astype(jnp.float32).reshape(bm, _BLOCKS, _PAIRS, 2)
+def _quantize_tile(x: jax.Array, bits: jax.Array | None, interpret: bool):
+  """Quantizes float32 x [bm, 8 inner blocks, 8 pairs, 2] (one outer block per row): packed
+  codes uint8 [bm, 8, 8], inner scales E4M3 [bm, 8], outer scales float32 [bm, 1]. bits: None
+  (round to nearest even) or uint32 [bm, 8, 8, 2], 16 random bits per element (stochastic)."""
+  bm = x.shape[0]
   amax_bits = jnp.max(_abs_bits(x), axis=(2, 3))  # [bm, 8]
   amax_128 = _as_float(jnp.max(amax_bits, axis=1))  # [bm]
   s_out = _div_rn(_div_rn(amax_128, E4M3_MAX, interpret), E2M1_MAX, interpret)
@@ -104,27 +119,95 @@ def _rtn_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *, interpret: bool):
   s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
   recip = _reciprocal_rn(s_in * s_out_b, interpret)  # r = fp32(1 / s), once per inner block
   v = flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(recip, x.shape, (0, 1))
-  idx = nearest_index(v)
+  idx = nearest_index(v) if bits is None else stochastic_index(v, bits)
   codes = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx)
   shift = lax.broadcasted_iota(jnp.int32, x.shape, 3) * 4  # element 2i low nibble, 2i+1 high
-  codes_ref[...] = jnp.sum(codes << shift, axis=3).astype(jnp.uint8)
-  s_in_ref[...] = s_in.astype(jnp.float8_e4m3fn)
-  s_out_ref[...] = s_out.reshape(bm, 1)
+  return (jnp.sum(codes << shift, axis=3).astype(jnp.uint8), s_in.astype(jnp.float8_e4m3fn),
+          s_out.reshape(bm, 1))
 
 
-def _check_input(x, block_rows: int) -> None:
+def _rtn_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *, interpret: bool):
+  """One [bm, 128] tile: bm outer blocks of eight inner blocks."""
+  x = x_ref[...].astype(jnp.float32).reshape(x_ref.shape[0], _BLOCKS, _PAIRS, 2)
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_tile(x, None, interpret)
+
+
+def _rht16(x: jax.Array, signs: jax.Array) -> jax.Array:
+  """(1/4) H16 diag(signs) on each 16-chunk of float32 x [bm, 8, 16], with the operations of
+  `numerics.hadamard.random_hadamard_16` in its order (so the same values bit for bit): the
+  sign products, four butterfly stages (a + b, a - b) over element pairs j, j ^ h for h = 1, 2,
+  4, 8, then the product by 1/4.
+
+  A chunk is held as [2, 2, 2, 2] (one axis per bit of the element index, high to low). Each
+  stage pairs the elements that differ in the last axis's bit, then moves that axis to the front
+  of the four, so the next bit is last; four stages restore the order. Triton's split and join
+  work on a last axis of two, which stays inside one thread."""
+  bm = x.shape[0]
+  y = (x * lax.broadcast_in_dim(signs, x.shape, (2,))).reshape(bm, _BLOCKS, 2, 2, 2, 2)
+  for _ in range(4):
+    a, b = jnp.split(y, 2, axis=-1)
+    y = jnp.moveaxis(jnp.concatenate([a + b, a - b], axis=-1), -1, 2)
+  return y.reshape(bm, _BLOCKS, INNER_BLOCK) * 0.25
+
+
+def _backward_kernel(x_ref, signs_ref, *refs, transposed: bool, stochastic: bool, interpret: bool):
+  """One tile of canonical rows: x_ref is [bm, 128] (quantized along the last axis) or [128, bm]
+  (along the first: the tile is transposed in registers)."""
+  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
+  x = x_ref[...].astype(jnp.float32)
+  if transposed:
+    x = x.T
+  bm = x.shape[0]
+  y = _rht16(x.reshape(bm, _BLOCKS, INNER_BLOCK), signs_ref[...]).reshape(bm, _BLOCKS, _PAIRS, 2)
+  bits = None
+  if stochastic:
+    # The generator's pair index is the canonical column // 2 (counter_rng): 64 pairs per tile.
+    shape = (bm, _BLOCKS, _PAIRS)
+    pair = (lax.broadcasted_iota(jnp.int32, shape, 1) * _PAIRS + lax.broadcasted_iota(jnp.int32, shape, 2)
+            + pl.program_id(1) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
+    h = pair_hash(lax.broadcast_in_dim(keys_ref[...], shape, (0,)), pair)
+    bits = jnp.stack([low_bits(h), high_bits(h)], axis=-1)  # element 2i low half, 2i + 1 high
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_tile(y, bits, interpret)
+
+
+def _check_input(x, block_rows: int, name: str, axis: int = 1) -> None:
+  """ValueError, before anything is traced, for what the kernels cannot take."""
   if jnp.ndim(x) != 2:
-    raise ValueError(f"quantize_nvfp4_rtn_triton: expected a 2-D array [R, K], got shape {jnp.shape(x)}; "
-                     "reshape leading axes into R.")
+    raise ValueError(f"{name}: expected a 2-D array, got shape {jnp.shape(x)}; reshape leading axes into rows.")
   if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float32):
-    raise ValueError(f"quantize_nvfp4_rtn_triton: dtype {x.dtype} not supported; pass bfloat16 or float32.")
+    raise ValueError(f"{name}: dtype {x.dtype} not supported; pass bfloat16 or float32.")
   if block_rows < 1 or block_rows & (block_rows - 1):
-    raise ValueError(f"quantize_nvfp4_rtn_triton: block_rows={block_rows} must be a power of two.")
-  r, k = x.shape
-  if r % block_rows or k % OUTER_BLOCK or k == 0:
-    raise ValueError(f"quantize_nvfp4_rtn_triton: shape {x.shape} needs R % {block_rows} == 0 and K a positive "
-                     f"multiple of {OUTER_BLOCK}; pad (zeros change no scale) or use "
-                     "tetrajet_jax.numerics.quantize_nvfp4.")
+    raise ValueError(f"{name}: block_rows={block_rows} must be a power of two.")
+  rows, k = (x.shape[0], x.shape[1]) if axis == 1 else (x.shape[1], x.shape[0])
+  if rows % block_rows or k == 0 or (axis == 1 and k % OUTER_BLOCK):
+    what = "rows % {b} == 0 and cols a positive multiple of {o}" if axis == 1 else "cols % {b} == 0 and rows > 0"
+    raise ValueError(f"{name}: shape {x.shape} along axis {axis} needs "
+                     + what.format(b=block_rows, o=OUTER_BLOCK)
+                     + "; pad (zeros change no scale) or use tetrajet_jax.numerics.quantize_nvfp4.")
+
+
+def _call(kernel, rows: int, k: int, in_specs: list, args: tuple, *, block_rows: int, num_warps: int,
+          interpret: bool, name: str):
+  """The quantizer grid over tiles of [block_rows canonical rows, 128]: codes [rows, k/2] (as
+  [rows, k/16, 8]), E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]."""
+  kb = k // OUTER_BLOCK
+  out_shape = (jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, _PAIRS), jnp.uint8),
+               jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
+               jax.ShapeDtypeStruct((rows, kb), jnp.float32))
+  return pl.pallas_call(
+      kernel, out_shape=out_shape, grid=(rows // block_rows, kb), in_specs=in_specs,
+      out_specs=[pl.BlockSpec((block_rows, _BLOCKS, _PAIRS), lambda i, j: (i, j, 0)),
+                 pl.BlockSpec((block_rows, _BLOCKS), lambda i, j: (i, j)),
+                 pl.BlockSpec((block_rows, 1), lambda i, j: (i, j))],
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name=name,
+  )(*args)
+
+
+def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
+  codes, s_in, s_out = outs
+  return NVFP4Tensor(codes=codes.reshape(codes.shape[0], -1), scale_inner=s_in, scale_outer=s_out, shape=shape,
+                     axis=axis, scaling="block", block_2d=False)
 
 
 def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4,
@@ -141,28 +224,73 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
   Returns:
     NVFP4Tensor bitwise equal to `numerics.quantize_nvfp4(x, axis=-1)`.
   """
-  _check_input(x, block_rows)
+  _check_input(x, block_rows, "quantize_nvfp4_rtn_triton")
   return _rtn_instance(x, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("block_rows", "num_warps", "interpret"))
 def _rtn_instance(x, *, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
   r, k = x.shape
-  kb = k // OUTER_BLOCK
-  out_shape = (jax.ShapeDtypeStruct((r, k // INNER_BLOCK, _PAIRS), jnp.uint8),
-               jax.ShapeDtypeStruct((r, k // INNER_BLOCK), jnp.float8_e4m3fn),
-               jax.ShapeDtypeStruct((r, kb), jnp.float32))
-  codes, s_in, s_out = pl.pallas_call(
-      functools.partial(_rtn_kernel, interpret=interpret),
-      out_shape=out_shape,
-      grid=(r // block_rows, kb),
-      in_specs=[pl.BlockSpec((block_rows, OUTER_BLOCK), lambda i, j: (i, j))],
-      out_specs=[pl.BlockSpec((block_rows, _BLOCKS, _PAIRS), lambda i, j: (i, j, 0)),
-                 pl.BlockSpec((block_rows, _BLOCKS), lambda i, j: (i, j)),
-                 pl.BlockSpec((block_rows, 1), lambda i, j: (i, j))],
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret,
-      name="nvfp4_rtn_triton",
-  )(x)
-  return NVFP4Tensor(codes=codes.reshape(r, k // 2), scale_inner=s_in, scale_outer=s_out, shape=(r, k), axis=1,
-                     scaling="block", block_2d=False)
+  outs = _call(functools.partial(_rtn_kernel, interpret=interpret), r, k,
+               [pl.BlockSpec((block_rows, OUTER_BLOCK), lambda i, j: (i, j))], (x,), block_rows=block_rows,
+               num_warps=num_warps, interpret=interpret, name="nvfp4_rtn_triton")
+  return _tensor(outs, (r, k), 1)
+
+
+def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
+                                   block_rows: int = 32, num_warps: int = 4,
+                                   interpret: bool = False) -> NVFP4Tensor:
+  """TetraJet-v2's backward quantizer (Q3..Q6) of a 2-D array in one pass: RHT-16, double-block
+  scales, stochastic rounding (round to nearest even with seed=None), as a Pallas Triton kernel.
+
+  Args:
+    x: bf16 or f32 [R, C]. axis=-1: R % block_rows == 0, C % 128 == 0.
+      axis=0: C % block_rows == 0; R is zero-padded to a multiple of 128 (the
+      layer pads tokens the same way).
+    signs_16: float32 [16], the RHT signs (`numerics.hadamard_signs(key)`).
+    seed: uint32 scalar of the SR generator (`counter_rng.sr_seed(key)`), or
+      None for round to nearest even.
+    axis: -1/1 (along the last axis) or 0 (along the first; the result is the
+      canonical layout of x^T, transposed in registers, not in HBM).
+    block_rows, num_warps, interpret: as `quantize_nvfp4_rtn_triton`.
+
+  Returns:
+    NVFP4Tensor bitwise equal to `quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis),
+    axis=axis, rounding="stochastic", key=sr_key)` for signs_16 = hadamard_signs(rht_key) and
+    seed = sr_seed(sr_key): the transform runs the XLA path's operations in its order.
+  """
+  name = "quantize_nvfp4_backward_triton"
+  if axis not in (-1, 0, 1):
+    raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
+  axis %= 2
+  _check_input(x, block_rows, name, axis)
+  if jnp.shape(signs_16) != (INNER_BLOCK,):
+    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
+                     "use tetrajet_jax.numerics.hadamard_signs(key).")
+  if seed is not None and jnp.ndim(seed) != 0:
+    raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
+  if isinstance(seed, int):  # a Python int may not fit jit's int32
+    seed = np.uint32(seed)
+  return _backward_instance(x, jnp.asarray(signs_16, jnp.float32), seed, axis=axis, block_rows=block_rows,
+                            num_warps=num_warps, interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
+def _backward_instance(x, signs_16, seed, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
+  shape = tuple(x.shape)
+  if axis == 0:
+    x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
+    k, rows = x.shape
+    tile = pl.BlockSpec((OUTER_BLOCK, block_rows), lambda i, j: (j, i))
+  else:
+    rows, k = x.shape
+    tile = pl.BlockSpec((block_rows, OUTER_BLOCK), lambda i, j: (i, j))
+  in_specs, args = [tile, pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,))], [x, signs_16]
+  if seed is not None:
+    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
+    args.append(row_keys(seed, rows))
+  kernel = functools.partial(_backward_kernel, transposed=axis == 0, stochastic=seed is not None,
+                             interpret=interpret)
+  outs = _call(kernel, rows, k, in_specs, tuple(args), block_rows=block_rows, num_warps=num_warps,
+               interpret=interpret, name="nvfp4_backward_triton")
+  return _tensor(outs, shape, axis)
