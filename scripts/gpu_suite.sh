@@ -57,7 +57,7 @@ stage tests "${T_TESTS:-200}" python3 -m pytest -v -p no:cacheprovider -n 8 -rfE
   ${TEST_MARK:+-m "$TEST_MARK"} ${TEST_K:+-k "$TEST_K"} \
   tests/test_linear.py tests/test_numerics.py tests/test_backend_agreement.py tests/test_pallas_gemm.py \
   tests/test_pallas_quantize.py tests/test_pallas_backward_quantize.py tests/test_flat_rows.py tests/test_kernel_division.py \
-  tests/test_osci_reset.py
+  tests/test_osci_reset.py tests/test_triton_quantize.py
 # The jit checks on this backend: quantization really happens (no cast round
 # trip elided) and NonFiniteError reaches the caller from a GPU computation.
 stage tests_jit "${T_TESTS_JIT:-90}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short -W ignore \
