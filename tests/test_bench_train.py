@@ -141,15 +141,22 @@ def test_quantizer_semantics_runs_each_quantized_arm_per_semantics(capsys):
   assert [(s["arm"], s["lowering_cache"]) for s in specs] == [("bf16", None), ("tetrajet_v2", "on"), ("tetrajet_v2", "off")]
   with pytest.raises(SystemExit) as e:
     train_steps.parse_args(["--models", "tiny", "--lowering-cache", "maybe"])
-  assert e.value.code == 2 and "--lowering-cache: use on, off or both" in capsys.readouterr().err
+  assert e.value.code == 2 and "--lowering-cache: unknown ['maybe']; known: on, off" in capsys.readouterr().err
+  _, specs = train_steps.parse_args(["--models", "tiny", "--arms", "tetrajet_v2", "--quantizer-kernels", "mosaic,triton",
+                                     "--lowering-cache", "on,off"])
+  assert [(s["arm"], s["quantizer_kernels"], s["lowering_cache"]) for s in specs] == [
+      ("bf16", None, None), ("tetrajet_v2", "mosaic", "on"), ("tetrajet_v2", "triton", "on"),
+      ("tetrajet_v2", "mosaic", "off"), ("tetrajet_v2", "triton", "off")]
 
 
 def test_the_chosen_semantics_reaches_the_worker():
-  """The worker checks that its kernels lower with the semantics and the lowering cache asked for
-  (set through the environment before it imports them), and the table labels the row with both."""
+  """The worker checks that its kernels lower with the semantics, the lowering cache and the
+  quantizer kernels asked for (set through the environment before it imports them), and the table
+  labels the row with all three."""
   spec = dict(model="tiny", arm="bf16", backend="xla", scan_blocks=None, layers=1, batch_size=2, seq_len=64,
-              vocab=64, steps=2, warmup=2, quantizer_semantics="lane", lowering_cache="off")
+              vocab=64, steps=2, warmup=2, quantizer_semantics="lane", lowering_cache="off", quantizer_kernels="triton")
   row = train_steps.run_arm(spec)
   assert "error" not in row, row
-  assert (row["quantizer_semantics"], row["lowering_cache"]) == ("lane", "off")
-  assert "| tiny | bf16 (lane semantics) (lowering cache off) |" in train_steps.table(dict(rows=train_steps.with_ratios([row])))
+  assert (row["quantizer_semantics"], row["lowering_cache"], row["quantizer_kernels"]) == ("lane", "off", "triton")
+  assert ("| tiny | bf16 (lane semantics) (lowering cache off) (triton quantizers) |"
+          in train_steps.table(dict(rows=train_steps.with_ratios([row]))))

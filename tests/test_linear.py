@@ -562,6 +562,44 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="CPU only: on a GPU backend='auto' also runs the Pallas GEMMs, whose sums are "
+                    "ordered differently")
+@pytest.mark.parametrize("outcontrol", [False, True])
+def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch, outcontrol):
+  """With TETRAJET_QUANTIZER_KERNELS=triton (here: the module setting), every block-scaled
+  quantizer of a TetraJet-v2 layer runs on the Triton kernels (interpreted; GEMMs on XLA): Q1
+  along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 and Q4 of the weights, Q3..Q6
+  with RHT + SR. Their RHT is the XLA butterfly's operations in order, so y, dX and dW equal the
+  XLA path's bit for bit, and every kernel was called."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+  from tetrajet_jax.kernels import _platform  # noqa: PLC0415
+
+  calls = []
+
+  def counted(name, fn):
+    def run(x, *args, **kwargs):
+      calls.append((name, kwargs.get("axis")))
+      return fn(x, *args, **kwargs)
+    monkeypatch.setattr(kernels, name, run)
+
+  for name in ("quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward_triton"):
+    counted(name, getattr(kernels, name))
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
+  recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_triton_{outcontrol}")
+  x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
+  outliers = jnp.arange(0, 128, 10) if outcontrol else None
+  with interpret_kernels("rtn", "backward"):
+    fused = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="auto", outlier_idx=outliers))(key)
+  xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla", outlier_idx=outliers))(key)
+  for what, a, b in zip(("y", "dx", "dw"), fused, xla):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=what)
+  assert {c for c in calls if c[0].startswith("quantize_nvfp4_rtn")} == {("quantize_nvfp4_rtn_triton", None)}
+  assert {c[1] for c in calls if c[0] == "quantize_nvfp4_backward_triton"} == {-1, 0}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="CPU only: on a GPU the GEMMs also run on Pallas (test_pallas_backward_is_the_same_"
                     "estimator_on_gpu covers the layer there)")
 def test_nvidia_quantizers_on_the_kernels_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch):

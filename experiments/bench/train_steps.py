@@ -4,7 +4,7 @@
                                       [--backend auto] [--scan-blocks default|on|off]
                                       [--batch-size 32] [--seq-len 1024] [--steps 20] [--out FILE.json]
                                       [--no-oscillation-monitor] [--quantizer-semantics warpgroup,lane]
-                                      [--lowering-cache on,off]
+                                      [--lowering-cache on,off] [--quantizer-kernels mosaic,triton]
 
 Each (model, arm) runs in its own process, one after the other, through the
 real `Trainer` (its data pipeline, its one-step-ahead loop, its attention
@@ -29,11 +29,14 @@ second of the two functions of a split update (docs/TRAINING.md), compiled
 in parallel with the first and timed with it; `--no-oscillation-monitor`
 measures the arm without it.
 
-`--quantizer-semantics warpgroup,lane` runs each quantized arm once per
-lowering semantics of the quantizer kernels (`kernels._platform`), so the
-compile time and speed of both are measured against the same bf16 row;
-`--lowering-cache on,off` likewise with the process's Mosaic lowering cache
-(`kernels/_lowering_cache.py`) on and off.
+Per-process variants (`VARIANTS`), each set through the environment of the
+arm's worker process, run every quantized arm once per value, so the compile
+time and speed of each are measured against the same bf16 row:
+`--quantizer-semantics warpgroup,lane` (the lowering semantics of the Mosaic
+quantizer kernels, `kernels._platform`), `--lowering-cache on,off` (the
+process's Mosaic lowering cache, `kernels/_lowering_cache.py`) and
+`--quantizer-kernels mosaic,triton` (the kernels the block-scaled quantizers
+run on).
 
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.
@@ -42,12 +45,14 @@ and block layout; every ratio is to it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
-import typing
+from typing import Callable
 
 import jax
 import jax.monitoring
@@ -68,6 +73,35 @@ NOMINAL_TOTAL_STEPS = 10_000
 COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
                   "/jax/core/compile/backend_compile_duration": "backend_compile_s"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A setting the kernels read from the environment at import: set in the arm's worker process."""
+  key: str  # the spec's, the row's and the settings' key; the CLI flag is --key-with-dashes
+  values: tuple[str, ...]
+  env: str
+  env_value: Callable[[str], str]  # what the environment variable holds for a value
+  current: Callable[[], str]  # the value the kernels took in this process
+  label: str  # how a row names its value, e.g. "{} semantics"
+  help: str
+
+  @property
+  def flag(self) -> str:
+    return "--" + self.key.replace("_", "-")
+
+
+VARIANTS = (
+    Variant("quantizer_semantics", ("warpgroup", "lane"), _platform.SEMANTICS_ENV, str,
+            lambda: _platform.DEFAULT_SEMANTICS, "{} semantics",
+            "the Mosaic quantizer kernels' lowering semantics (kernels._platform)"),
+    Variant("lowering_cache", ("on", "off"), _lowering_cache.ENV, lambda v: "1" if v == "on" else "0",
+            lambda: "on" if _lowering_cache.enabled() else "off", "lowering cache {}",
+            "the process's Mosaic lowering cache (kernels/_lowering_cache.py)"),
+    Variant("quantizer_kernels", ("mosaic", "triton"), _platform.QUANTIZER_KERNELS_ENV, str,
+            _platform.quantizer_kernels, "{} quantizers",
+            "the kernels the block-scaled quantizers run on (kernels._platform)"),
+)
 
 
 def bench_config(spec: dict) -> TrainConfig:
@@ -91,14 +125,10 @@ def bench_trainer(spec: dict) -> Trainer:
 
 def measure(spec: dict) -> dict:
   """One arm's figures, in this process (the worker side)."""
-  sem = spec.get("quantizer_semantics")
-  if sem and _platform.DEFAULT_SEMANTICS != sem:
-    raise RuntimeError(f"the quantizer kernels lower with {_platform.DEFAULT_SEMANTICS!r} semantics, not {sem!r}: "
-                       f"{_platform.SEMANTICS_ENV} did not reach this process")
-  cache = spec.get("lowering_cache")
-  if cache and _lowering_cache.enabled() != (cache == "on"):
-    raise RuntimeError(f"the Mosaic lowering cache is {'on' if _lowering_cache.enabled() else 'off'}, not {cache}: "
-                       f"{_lowering_cache.ENV} did not reach this process")
+  for v in VARIANTS:
+    want = spec.get(v.key)
+    if want and v.current() != want:
+      raise RuntimeError(f"{v.key} is {v.current()!r} in this process, not {want!r}: {v.env} did not reach it")
   trainer = bench_trainer(spec)
   stages = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
 
@@ -118,8 +148,7 @@ def measure(spec: dict) -> dict:
   last = trainer.history[-1]
   stats = jax.devices()[0].memory_stats() or {}
   peak = stats.get("peak_bytes_in_use")
-  return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
-              lowering_cache=spec.get("lowering_cache"),
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], **_variant_values(spec),
               phases=phases, compile_s=compile_s,
               compile_stages=stages, warmup_s=warmup_s,
               tokens_per_s=last["perf/tokens_per_s"], model_tflops_per_s=last["perf/model_tflops_per_s"],
@@ -131,18 +160,16 @@ def measure(spec: dict) -> dict:
 def run_arm(spec: dict) -> dict:
   """`measure` in a fresh process; a failure becomes a row with its error (the other arms go on)."""
   env = dict(os.environ)
-  if spec.get("quantizer_semantics"):  # the kernels read their default at import, in the worker
-    env[_platform.SEMANTICS_ENV] = spec["quantizer_semantics"]
-  if spec.get("lowering_cache"):  # installed at import, in the worker
-    env[_lowering_cache.ENV] = "1" if spec["lowering_cache"] == "on" else "0"
+  for v in VARIANTS:  # the kernels read these at import, in the worker
+    if spec.get(v.key):
+      env[v.env] = v.env_value(spec[v.key])
   proc = subprocess.run([sys.executable, "-m", "experiments.bench.train_steps", json.dumps(spec)],
                         capture_output=True, text=True, check=False, env=env)
   for line in proc.stdout.splitlines():
     if line.startswith(RESULT_TAG):
       return json.loads(line[len(RESULT_TAG):])
   tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-  return dict(kind="train", model=spec["model"], arm=spec["arm"], quantizer_semantics=spec.get("quantizer_semantics"),
-              lowering_cache=spec.get("lowering_cache"),
+  return dict(kind="train", model=spec["model"], arm=spec["arm"], **_variant_values(spec),
               error=f"rc {proc.returncode}: {' | '.join(tail)}"[:400])
 
 
@@ -157,10 +184,13 @@ def with_ratios(rows: list[dict]) -> list[dict]:
   return rows
 
 
+def _variant_values(spec: dict) -> dict:
+  return {v.key: spec.get(v.key) for v in VARIANTS}
+
+
 def _label(row: dict) -> str:
-  """The arm, with the quantizer kernels' lowering semantics and the lowering cache where the run chose them."""
-  sem, cache = row.get("quantizer_semantics"), row.get("lowering_cache")
-  return row["arm"] + (f" ({sem} semantics)" if sem else "") + (f" (lowering cache {cache})" if cache else "")
+  """The arm, with each variant's value where the run chose one."""
+  return row["arm"] + "".join(f" ({v.label.format(row[v.key])})" for v in VARIANTS if row.get(v.key))
 
 
 def table(result: dict) -> str:
@@ -192,12 +222,9 @@ def parse_args(argv):
   p.add_argument("--no-oscillation-monitor", action="store_true",
                  help="quantized arms without OsciReset skip the oscillation monitor (TrainConfig."
                       "monitor_oscillation=False), which quantizes every weight twice in XLA inside the step")
-  p.add_argument("--quantizer-semantics", default="",
-                 help="comma list of warpgroup,lane: each quantized arm once per lowering semantics of the "
-                      "quantizer kernels (kernels._platform; default: the kernels' default, unlabelled)")
-  p.add_argument("--lowering-cache", default="",
-                 help="comma list of on,off: each quantized arm once with the process's Mosaic lowering cache "
-                      "on and off (default: the process default, unlabelled)")
+  for v in VARIANTS:
+    p.add_argument(v.flag, default="", help=f"comma list of {','.join(v.values)}: each quantized arm once per "
+                                            f"value of {v.help} (default: the process default, unlabelled)")
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=1024)
   p.add_argument("--vocab", type=int, default=16384, help="vocabulary of the random tokens (the BPE's size)")
@@ -214,20 +241,20 @@ def parse_args(argv):
     p.error("--warmup and --steps must be >= 2 (the first timed step only starts the clock)")
   if not 0 < a.vocab <= 2**16:
     p.error("--vocab must be in 1..65536 (tokens are stored as uint16)")
-  semantics = a.quantizer_semantics.split(",") if a.quantizer_semantics else [None]
-  known = typing.get_args(_platform.Semantics)
-  bad = [v for v in semantics if v is not None and v not in known]
-  if bad:
-    p.error(f"--quantizer-semantics: unknown {bad}; known: {', '.join(known)}")
-  caches = a.lowering_cache.split(",") if a.lowering_cache else [None]
-  if any(v not in (None, "on", "off") for v in caches):
-    p.error(f"--lowering-cache: use on, off or both, got {a.lowering_cache!r}")
+  choices = []  # per variant: the values asked for, or [None] (the process default)
+  for v in VARIANTS:
+    given = getattr(a, v.key)
+    values = given.split(",") if given else [None]
+    bad = [x for x in values if x not in v.values and x is not None]
+    if bad:
+      p.error(f"{v.flag}: unknown {bad}; known: {', '.join(v.values)}")
+    choices.append(values)
   arms = ["bf16"] + [arm for arm in arms if arm != "bf16"]
   specs = [dict(model=model, arm=arm, backend=a.backend, scan_blocks=SCAN_CHOICES[a.scan_blocks], layers=a.layers,
-                monitor_oscillation=not a.no_oscillation_monitor, quantizer_semantics=sem, lowering_cache=cache,
+                monitor_oscillation=not a.no_oscillation_monitor, **dict(zip((v.key for v in VARIANTS), values)),
                 batch_size=a.batch_size, seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup)
-           for model in models for arm in arms for sem in ([None] if arm == "bf16" else semantics)
-           for cache in ([None] if arm == "bf16" else caches)]
+           for model in models for arm in arms
+           for values in ([[None] * len(VARIANTS)] if arm == "bf16" else itertools.product(*choices))]
   for spec in specs:  # every configuration is checked before any arm runs
     try:
       bench_config(spec)
@@ -246,8 +273,7 @@ def main(argv=None) -> dict:
   devices = [r["device"] for r in rows if "device" in r]
   result = dict(device=devices[0] if devices else "unknown", commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 settings=dict(backend=a.backend, scan_blocks=a.scan_blocks, layers=a.layers,
-                              quantizer_semantics=a.quantizer_semantics or None,
-                              lowering_cache=a.lowering_cache or None,
+                              **{v.key: getattr(a, v.key) or None for v in VARIANTS},
                               oscillation_monitor=not a.no_oscillation_monitor, batch_size=a.batch_size,
                               seq_len=a.seq_len, vocab=a.vocab, steps=a.steps, warmup=a.warmup),
                 rows=with_ratios(rows))

@@ -7,7 +7,7 @@ Kernel modules import only tetrajet_jax.numerics and jax.
 """
 
 from tetrajet_jax.kernels import _lowering_cache  # noqa: F401  (installs the per-process Mosaic lowering cache)
-from tetrajet_jax.kernels._platform import hopper_available
+from tetrajet_jax.kernels._platform import hopper_available, quantizer_kernels
 from tetrajet_jax.kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                                        nvfp4_gemm,
                                        nvfp4_gemm_reference)
@@ -15,3 +15,5 @@ from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backwar
                                                     quantize_nvfp4_backward_reference, transformed_amax)
 from tetrajet_jax.kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)
+from tetrajet_jax.kernels.nvfp4_quantize_triton import (can_use_triton_quantizer, quantize_nvfp4_backward_triton,
+                                                  quantize_nvfp4_rtn_triton)

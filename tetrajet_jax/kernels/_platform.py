@@ -46,6 +46,22 @@ if DEFAULT_SEMANTICS not in _SEMANTICS:
   raise ValueError(f"{SEMANTICS_ENV}={DEFAULT_SEMANTICS!r}: use one of {', '.join(_SEMANTICS)}.")
 
 
+# Which kernels the layer's block-scaled quantizers run on: "mosaic" (the Mosaic GPU kernels, the
+# default) or "triton" (`nvfp4_quantize_triton`, measured against them; tensor scaling and the
+# RHT-free backward quantizer stay on Mosaic). Read once at import, like the semantics above;
+# `linear.gemm` asks `quantizer_kernels()` when it traces a quantizer.
+QuantizerKernels = Literal["mosaic", "triton"]
+QUANTIZER_KERNELS_ENV = "TETRAJET_QUANTIZER_KERNELS"
+QUANTIZER_KERNELS: QuantizerKernels = os.environ.get(QUANTIZER_KERNELS_ENV, "mosaic")  # type: ignore[assignment]
+if QUANTIZER_KERNELS not in ("mosaic", "triton"):
+  raise ValueError(f"{QUANTIZER_KERNELS_ENV}={QUANTIZER_KERNELS!r}: use mosaic or triton.")
+
+
+def quantizer_kernels() -> QuantizerKernels:
+  """The kernels the layer's block-scaled quantizers run on (see QUANTIZER_KERNELS)."""
+  return QUANTIZER_KERNELS
+
+
 def quantizer_params(semantics: Semantics = DEFAULT_SEMANTICS) -> plgpu.CompilerParams:
   """The quantizer kernels' compiler parameters (see above)."""
   if semantics not in _SEMANTICS:

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from tetrajet_jax.kernels._platform import hopper_available
 from tetrajet_jax.numerics import NVFP4Tensor, scales
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
@@ -294,3 +295,12 @@ def _backward_instance(x, signs_16, seed, *, axis: int, block_rows: int, num_war
   outs = _call(kernel, rows, k, in_specs, tuple(args), block_rows=block_rows, num_warps=num_warps,
                interpret=interpret, name="nvfp4_backward_triton")
   return _tensor(outs, shape, axis)
+
+
+def can_use_triton_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block_rows: int = 32) -> bool:
+  """True when these kernels run here (Hopper GPU) for a 2-D shape and dtype: the RTN kernel
+  (axis -1) or the backward kernel along `axis` (axis 0 pads the rows itself)."""
+  if not (hopper_available() and len(shape) == 2 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32)):
+    return False
+  rows, k = (shape[0], shape[1]) if axis in (-1, 1) else (shape[1], shape[0])
+  return rows > 0 and rows % block_rows == 0 and k > 0 and (axis == 0 or k % OUTER_BLOCK == 0)

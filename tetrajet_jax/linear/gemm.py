@@ -150,6 +150,12 @@ def _interpret(name: str) -> dict:
   return {"interpret": True} if name in _interpreted else {}
 
 
+def _triton_quantizers(scaling: Scaling) -> bool:
+  """Whether a block-scaled quantizer runs on the Triton kernels (`kernels.quantizer_kernels()`,
+  set by TETRAJET_QUANTIZER_KERNELS=triton); tensor scaling always runs on the Mosaic ones."""
+  return scaling == "block" and kernels.quantizer_kernels() == "triton"
+
+
 def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
                  flat_rows: bool = False) -> NVFP4Tensor | None:
   """The fused Pallas RTN quantizer along x's last axis where the backend
@@ -169,6 +175,12 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
   if tensor and x.shape[-1] % OUTER_BLOCK:
     return _unsupported(backend, f"tensor-scaled RTN quantizer for {x.dtype}{x.shape} (K % 128 != 0)")
   padded_shape = (*x.shape[:-1], -(-x.shape[-1] // OUTER_BLOCK) * OUTER_BLOCK)
+  if _triton_quantizers(scaling):
+    can = backend in ("auto", "pallas") and kernels.can_use_triton_quantizer(padded_shape, x.dtype)
+    if not _kernel_runs("rtn", can, backend, f"Triton RTN quantizer for {x.dtype}{x.shape}"):
+      return None
+    t = kernels.quantize_nvfp4_rtn_triton(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), **_interpret("rtn"))
+    return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
   can = backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(padded_shape, x.dtype)
   if not _kernel_runs("rtn", can, backend, f"RTN quantizer for {x.dtype}{x.shape}"):
     return None
@@ -195,13 +207,18 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   XLA reduction of |x| without RHT). flat_rows (the weights, along the last axis): the
   kernel's flat view, one instance for every small tensor; the same result.
   """
-  can = backend in ("auto", "pallas") and kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis)
   what = (f"{'RHT + ' if rht_key is not None else ''}{rounding} {scaling}-scaled quantizer for {x.dtype}{x.shape} "
           f"along axis {axis}")
-  if not _kernel_runs("backward", can, backend, what):
+  triton = _triton_quantizers(scaling) and rht_key is not None
+  can = backend in ("auto", "pallas") and (
+      kernels.can_use_triton_quantizer(x.shape, x.dtype, axis=axis) if triton
+      else kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis))
+  if not _kernel_runs("backward", can, backend, ("Triton " if triton else "") + what):
     return None
   signs = None if rht_key is None else hadamard_signs(rht_key)
   seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
+  if triton:
+    return kernels.quantize_nvfp4_backward_triton(x, signs, seed, axis=axis, **_interpret("backward"))
   scale = None
   if scaling == "tensor":
     amax = (jnp.max(jnp.abs(x)).astype(jnp.float32) if signs is None
