@@ -27,6 +27,10 @@ Recipe field) picks how the layer's quantizers and GEMMs execute:
   auto       (default) The Pallas kernels where `can_use_*` says they run,
              XLA elsewhere.
 
+With TETRAJET_QUANTIZER_KERNELS=triton, "pallas" and "auto" run the
+block-scaled quantizers on the Pallas Triton kernels instead
+(`kernels.nvfp4_quantize_triton`; docs/KERNELS.md).
+
 Testing: `interpret_kernels(...)` runs the named kernels in Mosaic GPU's
 interpreter on the CPU, as if the device could run them.
 """
