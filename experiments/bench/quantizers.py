@@ -62,7 +62,7 @@ ATTRIBUTION = (
 LANE_SUFFIX = " lane semantics"
 DENSE_SUFFIX = " dense transform (SMEM tile)"
 REGISTERS_SUFFIX = " tiles from registers (unrolled, larger module)"
-# The Pallas Triton RTN kernel (`kernels.nvfp4_quantize_triton`): (rows per program, warps).
+# The Pallas Triton quantizers' tilings (`kernels.nvfp4_quantize_triton`): (rows per program, warps).
 TRITON_TILINGS = ((16, 2), (32, 4), (64, 4), (64, 8))
 
 

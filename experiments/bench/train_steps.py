@@ -52,6 +52,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 from typing import Callable
 
 import jax
@@ -92,13 +93,13 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("quantizer_semantics", ("warpgroup", "lane"), _platform.SEMANTICS_ENV, str,
+    Variant("quantizer_semantics", typing.get_args(_platform.Semantics), _platform.SEMANTICS_ENV, str,
             lambda: _platform.DEFAULT_SEMANTICS, "{} semantics",
             "the Mosaic quantizer kernels' lowering semantics (kernels._platform)"),
     Variant("lowering_cache", ("on", "off"), _lowering_cache.ENV, lambda v: "1" if v == "on" else "0",
             lambda: "on" if _lowering_cache.enabled() else "off", "lowering cache {}",
             "the process's Mosaic lowering cache (kernels/_lowering_cache.py)"),
-    Variant("quantizer_kernels", ("mosaic", "triton"), _platform.QUANTIZER_KERNELS_ENV, str,
+    Variant("quantizer_kernels", typing.get_args(_platform.QuantizerKernels), _platform.QUANTIZER_KERNELS_ENV, str,
             _platform.quantizer_kernels, "{} quantizers",
             "the kernels the block-scaled quantizers run on (kernels._platform)"),
 )

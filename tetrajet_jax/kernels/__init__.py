@@ -1,4 +1,6 @@
-"""Pallas (Mosaic GPU, Hopper sm_90) kernels for NVFP4: fused RTN and backward (RHT-16 + SR) quantizers, exact GEMM.
+"""Pallas kernels for NVFP4 on Hopper (sm_90): fused RTN and backward (RHT-16 + SR) quantizers and
+the exact GEMM (Mosaic GPU), and the two quantizers again as Pallas Triton kernels
+(`nvfp4_quantize_triton`).
 
 Each op sits beside its pure-JAX reference and a `can_use_*` check. The layer
 picks them by the recipe's backend (tetrajet_jax.linear.gemm): "auto" falls

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import typing
 from typing import Literal
 
 import jax
@@ -53,8 +54,9 @@ if DEFAULT_SEMANTICS not in _SEMANTICS:
 QuantizerKernels = Literal["mosaic", "triton"]
 QUANTIZER_KERNELS_ENV = "TETRAJET_QUANTIZER_KERNELS"
 QUANTIZER_KERNELS: QuantizerKernels = os.environ.get(QUANTIZER_KERNELS_ENV, "mosaic")  # type: ignore[assignment]
-if QUANTIZER_KERNELS not in ("mosaic", "triton"):
-  raise ValueError(f"{QUANTIZER_KERNELS_ENV}={QUANTIZER_KERNELS!r}: use mosaic or triton.")
+if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
+  raise ValueError(f"{QUANTIZER_KERNELS_ENV}={QUANTIZER_KERNELS!r}: "
+                   f"use one of {', '.join(typing.get_args(QuantizerKernels))}.")
 
 
 def quantizer_kernels() -> QuantizerKernels:
@@ -110,7 +112,8 @@ def assume_hopper(sms: int = 132):
   before, _assumed_sms = _assumed_sms, sms
   # Pallas Triton reads the target's compute capability from a device while lowering.
   triton_info, get_info = triton_gpu_info, triton_gpu_info.get_gpu_info
-  triton_info.get_gpu_info = lambda: triton_info._get_gpu_info_impl(triton_info.GpuVersion.H100)  # pylint: disable=protected-access
+  hopper = triton_info._get_gpu_info_impl(triton_info.GpuVersion.H100)  # pylint: disable=protected-access
+  triton_info.get_gpu_info = lambda: hopper
   try:
     yield
   finally:

@@ -40,9 +40,10 @@ both. Outputs are written in the canonical layouts: codes [R, K/2], inner
 scales [R, K/16] as E4M3, outer scales [R, K/128].
 
 JAX 0.11 marks the Pallas Triton backend deprecated (a DeprecationWarning
-while lowering); these kernels are measured beside the Mosaic ones
-(`python -m experiments.bench kernels --only quant,bwdquant`) and are not on
-the training path.
+while lowering). These kernels are measured beside the Mosaic ones
+(`python -m experiments.bench kernels --only quant,bwdquant`); the layer runs
+its block-scaled quantizers on them only under TETRAJET_QUANTIZER_KERNELS=triton
+(`kernels._platform`).
 """
 
 from __future__ import annotations
