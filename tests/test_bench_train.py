@@ -118,9 +118,24 @@ def test_lowering_section_lowers_whole_steps_with_their_kernels():
   assert bf16["mosaic_calls"] == 0
   # The update's first half, and its second half in each of the three window phases the run meets.
   assert fp4["phases"] == ["fp4"] and fp4["functions"] == 4
-  assert f"| tiny/tetrajet_v2 | on | 4 | {fp4['lower_s']:.1f} | {fp4['mosaic_modules']} |" in lowering.table(result)
+  assert (f"| tiny/tetrajet_v2 | mosaic | on | 4 | {fp4['lower_s']:.1f} | {fp4['mosaic_modules']} "
+          f"| {fp4['mosaic_calls']} | 0 |") in lowering.table(result)
   if jax.default_backend() == "cpu":
     assert not hopper_available()
+
+
+def test_lowering_section_counts_triton_kernels(monkeypatch):
+  """Under the Triton quantizers (TETRAJET_QUANTIZER_KERNELS=triton; here the module setting) an FP4
+  step's block-scaled quantizers lower to Triton calls: fewer Mosaic modules (the GEMMs remain), and
+  the row says which kernels ran."""
+  from tetrajet_jax.kernels import _platform
+
+  mosaic = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2", "--layers", "1"])["rows"][0]
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
+  triton = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2", "--layers", "1"])["rows"][0]
+  assert (mosaic["quantizer_kernels"], triton["quantizer_kernels"]) == ("mosaic", "triton")
+  assert mosaic["triton_calls"] == 0 < triton["triton_calls"]
+  assert 0 < triton["mosaic_modules"] < mosaic["mosaic_modules"]
 
 
 def test_lowering_section_refuses_unknown_steps(capsys):

@@ -20,7 +20,9 @@ on a Hopper GPU: `kernels._platform.assume_hopper`): the lowering part of
 an FP4 run's compile time, on any host, with the number of Mosaic modules
 and of custom calls to them (one module can serve several calls; with the
 process's lowering cache, `kernels/_lowering_cache.py`, also calls in
-different functions; TETRAJET_MOSAIC_LOWERING_CACHE=0 times it without). On a GPU
+different functions; TETRAJET_MOSAIC_LOWERING_CACHE=0 times it without), and of
+calls to Pallas Triton kernels (TETRAJET_QUANTIZER_KERNELS=triton puts the
+block-scaled quantizers there; the row records which kernels ran). On a GPU
 host it then compiles each function, and compiles it again from a fresh
 lowering with the process's caches warm, which bounds the share of the
 compile that builds the Mosaic kernels' binaries.
@@ -94,7 +96,8 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
   from experiments.bench import train_steps  # pylint: disable=import-outside-toplevel
   spec = dict(model=model, arm=arm, backend="auto", scan_blocks=True, layers=layers, batch_size=batch_size,
               seq_len=seq_len, vocab=16384, steps=2, warmup=2)
-  row = dict(step=f"{model}/{arm}", evaluation=evaluation, lowering_cache=_lowering_cache.enabled())
+  row = dict(step=f"{model}/{arm}", evaluation=evaluation, lowering_cache=_lowering_cache.enabled(),
+             quantizer_kernels=_platform.quantizer_kernels())
   on_gpu = jax.default_backend() == "gpu"
   jax.clear_caches()  # each arm from nothing: no kernel lowered for an earlier row is reused
   _lowering_cache.clear()
@@ -103,9 +106,11 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
     t0 = time.perf_counter()
     phases, lowered = trainer.lower_run(evaluation=evaluation, platforms=("cuda",))
     row["lower_s"] = time.perf_counter() - t0
-    calls = [line for low in lowered.values() for line in low.as_text().splitlines() if "custom_call @mosaic_gpu" in line]
+    text = [line for low in lowered.values() for line in low.as_text().splitlines()]
+    calls = [line for line in text if "custom_call @mosaic_gpu" in line]
     row.update(phases=phases, functions=len(lowered), mosaic_calls=len(calls),
-               mosaic_modules=len({re.search(r'kernel_hash = "(.*?)", module', line).group(1) for line in calls}))
+               mosaic_modules=len({re.search(r'kernel_hash = "(.*?)", module', line).group(1) for line in calls}),
+               triton_calls=sum("xla.gpu.triton" in line for line in text))
     if on_gpu:
       # XLA's compile of each function, one after the other, then again from a fresh lowering with the
       # process's caches warm (Mosaic's kernel binaries by hash, XLA's autotuning results): the
@@ -119,13 +124,15 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
 
 def table(result: dict) -> str:
   """The whole-run rows as a markdown table (what docs/PERFORMANCE.md shows)."""
-  lines = ["| run | lowering cache | functions | trace + lower s | Mosaic modules | Mosaic calls |",
-           "|---|---|---:|---:|---:|---:|"]
+  lines = ["| run | quantizer kernels | lowering cache | functions | trace + lower s | Mosaic modules | Mosaic calls "
+           "| Triton calls |", "|---|---|---|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     if "step" in r:
       cache = {True: "on", False: "off"}.get(r.get("lowering_cache"), "-")
-      lines.append(f"| {r['step']}{' + validation' if r.get('evaluation') else ''} | {cache} | {r.get('functions', '-')} | "
-                   f"{r['lower_s']:.1f} | {r['mosaic_modules']} | {r['mosaic_calls']} |")
+      # Rows written before the Triton quantizers existed ran the Mosaic ones and called no Triton kernel.
+      lines.append(f"| {r['step']}{' + validation' if r.get('evaluation') else ''} "
+                   f"| {r.get('quantizer_kernels', 'mosaic')} | {cache} | {r.get('functions', '-')} "
+                   f"| {r['lower_s']:.1f} | {r['mosaic_modules']} | {r['mosaic_calls']} | {r.get('triton_calls', 0)} |")
   return "\n".join(lines)
 
 
