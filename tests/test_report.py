@@ -312,7 +312,8 @@ def test_across_seeds_intervals_and_verdicts(tmp_path):
   def loss_claim(arm, base):
     return interval([math.log(PPL_THREE_SEEDS[arm, s]) - math.log(PPL_THREE_SEEDS[base, s]) for s in range(3)])
 
-  for (arm, base), verdict in {("tetrajet_v2", "nvidia_nvfp4"): "confirmed",
+  for (arm, base), verdict in {("bf16", "nvidia_nvfp4"): "confirmed",
+                               ("tetrajet_v2", "nvidia_nvfp4"): "confirmed",
                                ("tetrajet_v2_full", "nvidia_nvfp4"): "confirmed",
                                ("tetrajet_v2_oscireset", "tetrajet_v2"): "confirmed",
                                ("tetrajet_v2_outcontrol", "tetrajet_v2"): "unresolved"}.items():
