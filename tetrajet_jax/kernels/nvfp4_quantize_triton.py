@@ -19,8 +19,8 @@ divisions, the E4M3 rounding, the reciprocal: dozens of instructions) for
 four elements of its own. Here Triton's blocked layout keeps a row's
 contiguous elements in one thread, so a block's scale work is shared by at
 most two threads, and a kernel is a plain load, per-block and per-element
-arithmetic, and stores: no barriers, and shared memory only where Triton
-transposes a tile (axis 0).
+arithmetic, and stores, with no pipeline or barrier written in it (Triton
+places its own layout conversions, e.g. the transposed tile of axis 0).
 
 Semantics that Triton and the interpreter must agree on:
 - block maxima are integer maxima of |x|'s float32 bits: for non-negative
