@@ -34,6 +34,20 @@ def grads(recipe, x, w, dy, key, backend="reference", outlier_idx=None):
   return (y, *vjp(dy.astype(y.dtype)))
 
 
+def record_kernel_calls(monkeypatch, names, describe) -> list:
+  """Wraps each named function of `tetrajet_jax.kernels` so that every call, then run as before,
+  first appends describe(name, args, kwargs) to the returned list."""
+  from tetrajet_jax import kernels  # noqa: PLC0415
+
+  calls = []
+  for name in names:
+    def run(*args, name=name, fn=getattr(kernels, name), **kwargs):
+      calls.append(describe(name, args, kwargs))
+      return fn(*args, **kwargs)
+    monkeypatch.setattr(kernels, name, run)
+  return calls
+
+
 def test_bf16_recipe_is_a_plain_dot(rng):
   x = jnp.asarray(rng.standard_normal((4, 8, 96)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
@@ -537,16 +551,7 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
   quantizers and GEMMs on XLA here) gives the XLA path's dX and dW bit for
   bit at 128^3: both draw SR's bits from the same counter-based generator.
   The kernel must have been called."""
-  from tetrajet_jax import kernels  # noqa: PLC0415
-
-  calls = []
-  run_kernel = kernels.quantize_nvfp4_backward
-
-  def counted(*args, **kwargs):
-    calls.append(kwargs.get("axis"))
-    return run_kernel(*args, **kwargs)
-
-  monkeypatch.setattr(kernels, "quantize_nvfp4_backward", counted)
+  calls = record_kernel_calls(monkeypatch, ["quantize_nvfp4_backward"], lambda name, args, kwargs: kwargs.get("axis"))
   # Its own recipe name, so no function compiled without the interpreter is reused.
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name="tetrajet_v2_interpreted")
   x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.float32)
@@ -571,19 +576,10 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
   along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 and Q4 of the weights, Q3..Q6
   with RHT + SR. Their RHT is the XLA butterfly's operations in order, so y, dX and dW equal the
   XLA path's bit for bit, and every kernel was called."""
-  from tetrajet_jax import kernels  # noqa: PLC0415
   from tetrajet_jax.kernels import _platform  # noqa: PLC0415
 
-  calls = []
-
-  def counted(name, fn):
-    def run(x, *args, **kwargs):
-      calls.append((name, kwargs.get("axis")))
-      return fn(x, *args, **kwargs)
-    monkeypatch.setattr(kernels, name, run)
-
-  for name in ("quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward_triton"):
-    counted(name, getattr(kernels, name))
+  calls = record_kernel_calls(monkeypatch, ["quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward_triton"],
+                              lambda name, args, kwargs: (name, kwargs.get("axis")))
   monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_triton_{outcontrol}")
   x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
@@ -608,19 +604,12 @@ def test_nvidia_quantizers_on_the_kernels_give_the_xla_layer_bitwise_interpret(r
   after the fixed-sign RHT) on the backward kernel, Q5/Q6 under the amax of the kernel's own
   transform; the 16x16 weight blocks (Q2, Q4) stay on XLA. y, dX and dW equal the XLA path's
   bit for bit at 128^3, and every kernel was called as described."""
-  from tetrajet_jax import kernels  # noqa: PLC0415
+  def describe(name, args, kwargs):  # args[1]: the RHT signs of the backward kernel and the amax
+    return (name, kwargs.get("axis"), args[1] is not None if len(args) > 1 else None, kwargs.get("rounding"),
+            kwargs.get("tensor_scale") is not None)
 
-  calls = []
-
-  def counted(name, fn):
-    def run(x, *args, **kwargs):
-      scaled = kwargs.get("tensor_scale") is not None
-      calls.append((name, kwargs.get("axis"), args[0] is not None if args else None, kwargs.get("rounding"), scaled))
-      return fn(x, *args, **kwargs)
-    monkeypatch.setattr(kernels, name, run)
-
-  for name in ("quantize_nvfp4_rtn", "quantize_nvfp4_backward", "transformed_amax"):
-    counted(name, getattr(kernels, name))
+  calls = record_kernel_calls(monkeypatch, ["quantize_nvfp4_rtn", "quantize_nvfp4_backward", "transformed_amax"],
+                              describe)
   recipe = dataclasses.replace(recipes.NVIDIA_NVFP4, name="nvidia_nvfp4_interpreted")
   x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
@@ -645,15 +634,8 @@ def test_rtn_kernel_takes_outcontrol_fp4_channels_padded_interpret(rng, key, mon
   equals the XLA path's bit for bit (the GEMMs stay on XLA here)."""
   from tetrajet_jax import kernels  # noqa: PLC0415
 
-  shapes = []
-  run_kernel = kernels.quantize_nvfp4_rtn
-
-  def counted(x, **kwargs):
-    shapes.append(tuple(x.shape))
-    return run_kernel(x, **kwargs)
-
+  shapes = record_kernel_calls(monkeypatch, ["quantize_nvfp4_rtn"], lambda name, args, kwargs: tuple(args[0].shape))
   asked = []  # what the layer asks whether the kernel takes (on a GPU: the padded shape, or XLA)
-  monkeypatch.setattr(kernels, "quantize_nvfp4_rtn", counted)
   monkeypatch.setattr(kernels, "can_use_pallas_quantizer", lambda shape, dtype: asked.append(tuple(shape)) or True)
   recipe = dataclasses.replace(recipes.get("tetrajet_v2_outcontrol", backend="auto"),
                                name="tetrajet_v2_outcontrol_interpreted")

@@ -11,12 +11,12 @@ cannot lower); the `gpu`-marked tests compile and run them on the GPU host.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import dataclasses
 
 from tests.test_pallas_quantize import assert_reference, assert_same_tensor, hard_input
 from tetrajet_jax.kernels import _platform

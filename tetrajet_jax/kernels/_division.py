@@ -16,6 +16,8 @@ quotients come from `scales.div_rn`, the XLA path's own division.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.experimental.mosaic.gpu as mgpu
 import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -51,18 +53,24 @@ def _ptx_elementwise(asm: str, *operands: jax.Array) -> jax.Array:
   return apply(*operands)
 
 
-def div_rn(x: jax.Array, y: jax.Array | float, *, interpret: bool) -> jax.Array:
-  """x / y correctly rounded, for f32 [rows] x and a positive divisor y (an array of x's
-  shape or a Python float); NaN in either gives NaN."""
+# Applies a one-instruction PTX string to every element of its f32 operands: `_ptx_elementwise` in
+# Mosaic GPU kernels; the Triton kernels pass their own (`nvfp4_quantize_triton`).
+PtxElementwise = Callable[..., jax.Array]
+
+
+def div_rn(x: jax.Array, y: jax.Array | float, *, interpret: bool,
+           ptx: PtxElementwise = _ptx_elementwise) -> jax.Array:
+  """x / y correctly rounded, for f32 x (by default [rows] in the row layout) and a positive
+  divisor y (an array of x's shape or a Python float); NaN in either gives NaN."""
   if interpret:
     return scales.div_rn(x, y, positive_divisor=True)
   if isinstance(y, float):
-    return _ptx_elementwise(f"div.rn.ftz.f32 $0, $1, {_f32_immediate(y)};", x)
-  return _ptx_elementwise("div.rn.ftz.f32 $0, $1, $2;", x, y)
+    return ptx(f"div.rn.ftz.f32 $0, $1, {_f32_immediate(y)};", x)
+  return ptx("div.rn.ftz.f32 $0, $1, $2;", x, y)
 
 
-def reciprocal_rn(s: jax.Array, *, interpret: bool) -> jax.Array:
+def reciprocal_rn(s: jax.Array, *, interpret: bool, ptx: PtxElementwise = _ptx_elementwise) -> jax.Array:
   """fp32(1 / s) correctly rounded, as `scales.reciprocal_rn` (a subnormal s gives +inf)."""
   if interpret:
     return scales.reciprocal_rn(s)
-  return _ptx_elementwise("rcp.rn.ftz.f32 $0, $1;", s)
+  return ptx("rcp.rn.ftz.f32 $0, $1;", s)

@@ -30,9 +30,9 @@ Semantics that Triton and the interpreter must agree on:
 - E4M3 rounding is the float32 -> float8_e4m3fn conversion (round to nearest
   even in both; the quotient it rounds is at most 448 (1 + 2^-21), so the
   saturation rule of `numerics.scales.round_to_e4m3` never applies);
-- divisions and the reciprocal are single correctly rounded PTX instructions
-  on the GPU (`div.rn.ftz.f32`, `rcp.rn.ftz.f32`) and the XLA path's own
-  `numerics.scales` functions in the interpreter.
+- divisions and the reciprocal are `kernels._division`'s: single correctly
+  rounded PTX instructions on the GPU (`div.rn.ftz.f32`, `rcp.rn.ftz.f32`),
+  the XLA path's own `numerics.scales` functions in the interpreter.
 
 Packing: a tile is viewed as [rows, 8 inner blocks, 8 pairs, 2], and a pair's
 two codes (element 2i in the low nibble) are combined in the thread that holds
@@ -57,8 +57,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.kernels._platform import hopper_available
-from tetrajet_jax.numerics import NVFP4Tensor, scales
+from tetrajet_jax.numerics import NVFP4Tensor
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
 from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index, stochastic_index
@@ -79,23 +80,6 @@ def _ptx_f32(asm: str, *operands: jax.Array) -> jax.Array:
   return out
 
 
-def _div_rn(x: jax.Array, y: jax.Array | float, interpret: bool) -> jax.Array:
-  """x / y correctly rounded (subnormals flushed), y positive: `numerics.scales.div_rn`'s rule."""
-  if interpret:
-    return scales.div_rn(x, y, positive_divisor=True)
-  if isinstance(y, float):
-    bits = int(np.float32(y).view(np.uint32))
-    return _ptx_f32(f"div.rn.ftz.f32 $0, $1, 0f{bits:08X};", x)
-  return _ptx_f32("div.rn.ftz.f32 $0, $1, $2;", x, y)
-
-
-def _reciprocal_rn(s: jax.Array, interpret: bool) -> jax.Array:
-  """fp32(1 / s) correctly rounded: `numerics.scales.reciprocal_rn`'s rule."""
-  if interpret:
-    return scales.reciprocal_rn(s)
-  return _ptx_f32("rcp.rn.ftz.f32 $0, $1;", s)
-
-
 def _abs_bits(x: jax.Array) -> jax.Array:
   """|x|'s float32 bits as int32: ordered as the magnitudes are, NaN above Inf."""
   return lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(0x7FFFFFFF)
@@ -110,16 +94,17 @@ def _quantize_tile(x: jax.Array, bits: jax.Array | None, interpret: bool):
   codes uint8 [bm, 8, 8], inner scales E4M3 [bm, 8], outer scales float32 [bm, 1]. bits: None
   (round to nearest even) or uint32 [bm, 8, 8, 2], 16 random bits per element (stochastic)."""
   bm = x.shape[0]
+  div = functools.partial(div_rn, interpret=interpret, ptx=_ptx_f32)
   amax_bits = jnp.max(_abs_bits(x), axis=(2, 3))  # [bm, 8]
   amax_128 = _as_float(jnp.max(amax_bits, axis=1))  # [bm]
-  s_out = _div_rn(_div_rn(amax_128, E4M3_MAX, interpret), E2M1_MAX, interpret)
+  s_out = div(div(amax_128, E4M3_MAX), E2M1_MAX)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(lax.bitcast_convert_type(amax_128, jnp.int32) <= _F32_MAX_BITS, s_out, jnp.nan)
   s_out_b = lax.broadcast_in_dim(s_out, (bm, _BLOCKS), (0,))
-  quotient = _div_rn(_div_rn(_as_float(amax_bits), s_out_b, interpret), E2M1_MAX, interpret)
+  quotient = div(div(_as_float(amax_bits), s_out_b), E2M1_MAX)
   s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
   s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
-  recip = _reciprocal_rn(s_in * s_out_b, interpret)  # r = fp32(1 / s), once per inner block
+  recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
   v = flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(recip, x.shape, (0, 1))
   idx = nearest_index(v) if bits is None else stochastic_index(v, bits)
   codes = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx)

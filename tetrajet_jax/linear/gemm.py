@@ -179,18 +179,17 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
   if tensor and x.shape[-1] % OUTER_BLOCK:
     return _unsupported(backend, f"tensor-scaled RTN quantizer for {x.dtype}{x.shape} (K % 128 != 0)")
   padded_shape = (*x.shape[:-1], -(-x.shape[-1] // OUTER_BLOCK) * OUTER_BLOCK)
-  if _triton_quantizers(scaling):
-    can = backend in ("auto", "pallas") and kernels.can_use_triton_quantizer(padded_shape, x.dtype)
-    if not _kernel_runs("rtn", can, backend, f"Triton RTN quantizer for {x.dtype}{x.shape}"):
-      return None
-    t = kernels.quantize_nvfp4_rtn_triton(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), **_interpret("rtn"))
-    return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
-  can = backend in ("auto", "pallas") and kernels.can_use_pallas_quantizer(padded_shape, x.dtype)
-  if not _kernel_runs("rtn", can, backend, f"RTN quantizer for {x.dtype}{x.shape}"):
+  triton = _triton_quantizers(scaling)
+  can = backend in ("auto", "pallas") and (kernels.can_use_triton_quantizer(padded_shape, x.dtype) if triton
+                                           else kernels.can_use_pallas_quantizer(padded_shape, x.dtype))
+  if not _kernel_runs("rtn", can, backend, f"{'Triton ' if triton else ''}RTN quantizer for {x.dtype}{x.shape}"):
     return None
-  scale = tensor_outer_scale(jnp.max(jnp.abs(x)).astype(jnp.float32)) if tensor else None
-  t = kernels.quantize_nvfp4_rtn(pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK), tensor_scale=scale,
-                                 flat_rows=flat_rows and x.ndim == 2, **_interpret("rtn"))
+  xp = pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK)
+  if triton:
+    t = kernels.quantize_nvfp4_rtn_triton(xp, **_interpret("rtn"))
+  else:
+    scale = tensor_outer_scale(jnp.max(jnp.abs(x)).astype(jnp.float32)) if tensor else None
+    t = kernels.quantize_nvfp4_rtn(xp, tensor_scale=scale, flat_rows=flat_rows and x.ndim == 2, **_interpret("rtn"))
   return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
 
 
