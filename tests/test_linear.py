@@ -569,19 +569,23 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
 @pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="CPU only: on a GPU backend='auto' also runs the Pallas GEMMs, whose sums are "
                     "ordered differently")
-@pytest.mark.parametrize("outcontrol", [False, True])
-def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch, outcontrol):
+@pytest.mark.parametrize("setting, outcontrol", [("triton", False), ("triton", True), ("triton_rtn", True)])
+def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch, setting, outcontrol):
   """With TETRAJET_QUANTIZER_KERNELS=triton (here: the module setting), every block-scaled
   quantizer of a TetraJet-v2 layer runs on the Triton kernels (interpreted; GEMMs on XLA): Q1
-  along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 and Q4 of the weights, Q3..Q6
-  with RHT + SR. Their RHT is the XLA butterfly's operations in order, so y, dX and dW equal the
-  XLA path's bit for bit, and every kernel was called."""
-  from tetrajet_jax.kernels import _platform  # noqa: PLC0415
+  along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 and Q4 of the weights (Q2 in
+  the flat view), Q3..Q6 with RHT + SR. Their RHT is the XLA butterfly's operations in order, so
+  y, dX and dW equal the XLA path's bit for bit, and every kernel was called. With triton_rtn,
+  Q1 and Q2 run on Triton and the RHT + SR quantizers on the Mosaic kernel."""
+  from tetrajet_jax.kernels import _flat_rows, _platform  # noqa: PLC0415
 
-  calls = record_kernel_calls(monkeypatch, ["quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward_triton"],
-                              lambda name, args, kwargs: (name, kwargs.get("axis")))
-  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
-  recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_triton_{outcontrol}")
+  monkeypatch.setattr(_flat_rows, "MIN_BUCKET_ROWS", 64)  # the default bucket is slow to interpret
+  calls = record_kernel_calls(
+      monkeypatch, ["quantize_nvfp4_rtn", "quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward",
+                    "quantize_nvfp4_backward_triton"],
+      lambda name, args, kwargs: (name, kwargs.get("axis"), kwargs.get("flat_rows", False)))
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", setting)
+  recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_{setting}_{outcontrol}")
   x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
@@ -591,8 +595,10 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
   xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla", outlier_idx=outliers))(key)
   for what, a, b in zip(("y", "dx", "dw"), fused, xla):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=what)
-  assert {c for c in calls if c[0].startswith("quantize_nvfp4_rtn")} == {("quantize_nvfp4_rtn_triton", None)}
-  assert {c[1] for c in calls if c[0] == "quantize_nvfp4_backward_triton"} == {-1, 0}
+  backward = "quantize_nvfp4_backward_triton" if setting == "triton" else "quantize_nvfp4_backward"
+  assert {c[0] for c in calls} == {"quantize_nvfp4_rtn_triton", backward}
+  assert {c[2] for c in calls if c[0] == "quantize_nvfp4_rtn_triton"} == {False, True}  # Q1; Q2 flat
+  assert {c[1] for c in calls if c[0] == backward} == {-1, 0}
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.test_pallas_quantize import assert_reference, assert_same_tensor, hard_input
-from tetrajet_jax.kernels import _platform
+from tetrajet_jax.kernels import _flat_rows, _platform
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward_reference
 from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton
 from tetrajet_jax.numerics import hadamard_signs, quantize_nvfp4, random_hadamard_16
@@ -110,6 +110,28 @@ def test_triton_kernels_lower_for_hopper(dtype):
 def test_rtn_triton_bad_input(shape, dtype, block_rows, match):
   with pytest.raises(ValueError, match=match):
     quantize_nvfp4_rtn_triton(jnp.zeros(shape, dtype), block_rows=block_rows, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rtn_triton_flat_rows_is_bitwise_interpret(rng, monkeypatch, dtype):
+  """The flat view (a weight's [R, K] as padded 128-wide rows, R no multiple of the tile): the
+  same tensor as quantize_nvfp4 and the unflattened kernel, and one instance for two shapes."""
+  monkeypatch.setattr(_flat_rows, "MIN_BUCKET_ROWS", 64)
+  x = _edge_input(rng, (40, 256), dtype)
+  assert_same_tensor(quantize_nvfp4_rtn_triton(x, flat_rows=True, interpret=True), quantize_nvfp4(x, axis=-1))
+  y = hard_input(rng, (30, 384), dtype)
+  assert_same_tensor(quantize_nvfp4_rtn_triton(y, flat_rows=True, interpret=True), quantize_nvfp4(y, axis=-1))
+  assert _flat_rows.to_flat(x).shape == _flat_rows.to_flat(y).shape == (128, 128)
+
+
+@pytest.mark.parametrize("shape, dtype, match", [
+    ((4, 64, 128), jnp.float32, "2-D"),
+    ((64, 200), jnp.float32, "multiple of 128"),
+    ((40, 256), jnp.int32, "dtype"),
+])
+def test_rtn_triton_flat_rows_bad_input(shape, dtype, match):
+  with pytest.raises(ValueError, match=match):
+    quantize_nvfp4_rtn_triton(jnp.zeros(shape, dtype), flat_rows=True, interpret=True)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -9,7 +9,7 @@ Kernel modules import only tetrajet_jax.numerics and jax.
 """
 
 from tetrajet_jax.kernels import _lowering_cache  # noqa: F401  (installs the per-process Mosaic lowering cache)
-from tetrajet_jax.kernels._platform import hopper_available, quantizer_kernels
+from tetrajet_jax.kernels._platform import hopper_available, triton_quantizer
 from tetrajet_jax.kernels.nvfp4_gemm import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                                        nvfp4_gemm,
                                        nvfp4_gemm_reference)

@@ -48,10 +48,11 @@ if DEFAULT_SEMANTICS not in _SEMANTICS:
 
 
 # Which kernels the layer's block-scaled quantizers run on: "mosaic" (the Mosaic GPU kernels, the
-# default) or "triton" (`nvfp4_quantize_triton`, measured against them; tensor scaling and the
-# RHT-free backward quantizer stay on Mosaic). Read once at import, like the semantics above;
-# `linear.gemm` asks `quantizer_kernels()` when it traces a quantizer.
-QuantizerKernels = Literal["mosaic", "triton"]
+# default), "triton" (`nvfp4_quantize_triton` for RTN and for RHT + SR, measured against them) or
+# "triton_rtn" (Triton's RTN, Mosaic's RHT + SR: each family where it measured faster). Tensor
+# scaling and the RHT-free backward quantizer stay on Mosaic. Read once at import, like the
+# semantics above; `linear.gemm` asks `triton_quantizer(kind)` when it traces a quantizer.
+QuantizerKernels = Literal["mosaic", "triton", "triton_rtn"]
 QUANTIZER_KERNELS_ENV = "TETRAJET_QUANTIZER_KERNELS"
 QUANTIZER_KERNELS: QuantizerKernels = os.environ.get(QUANTIZER_KERNELS_ENV, "mosaic")  # type: ignore[assignment]
 if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
@@ -62,6 +63,12 @@ if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
 def quantizer_kernels() -> QuantizerKernels:
   """The kernels the layer's block-scaled quantizers run on (see QUANTIZER_KERNELS)."""
   return QUANTIZER_KERNELS
+
+
+def triton_quantizer(kind: Literal["rtn", "backward"]) -> bool:
+  """Whether the block-scaled `kind` quantizer (RTN, or the RHT + SR backward one) runs on the
+  Triton kernels under this process's QUANTIZER_KERNELS."""
+  return QUANTIZER_KERNELS == "triton" or (QUANTIZER_KERNELS == "triton_rtn" and kind == "rtn")
 
 
 def quantizer_params(semantics: Semantics = DEFAULT_SEMANTICS) -> plgpu.CompilerParams:

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from tetrajet_jax.kernels import _flat_rows
 from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.kernels._platform import hopper_available
 from tetrajet_jax.numerics import NVFP4Tensor
@@ -197,22 +198,33 @@ def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
                      axis=axis, scaling="block", block_2d=False)
 
 
-def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4,
+def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
                               interpret: bool = False) -> NVFP4Tensor:
   """RTN NVFP4 quantization of a 2-D array along its last axis (Pallas Triton kernel).
 
   Args:
-    x: bf16 or f32 [R, K], R % block_rows == 0, K % 128 == 0.
+    x: bf16 or f32 [R, K], R % block_rows == 0 (free with flat_rows), K % 128 == 0.
     block_rows: rows per program (a power of two); each program quantizes
       one [block_rows, 128] tile.
     num_warps: warps per program.
+    flat_rows: quantize x as its row-major view of 128-wide rows, zero-padded
+      to a power-of-two bucket (`_flat_rows`): the same result, and every
+      small tensor of a bucket (a model's weights) runs one kernel instance.
     interpret: run the kernel body on the CPU (Pallas's interpreter).
 
   Returns:
     NVFP4Tensor bitwise equal to `numerics.quantize_nvfp4(x, axis=-1)`.
   """
-  _check_input(x, block_rows, "quantize_nvfp4_rtn_triton")
-  return _rtn_instance(x, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+  name = "quantize_nvfp4_rtn_triton"
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+  if not flat_rows:
+    _check_input(x, block_rows, name)
+    return _rtn_instance(x, **opts)
+  _flat_rows.check_flat_shape(jnp.shape(x), name)
+  r, k = x.shape
+  _check_input(jax.ShapeDtypeStruct((_flat_rows.bucket_rows(r * k // OUTER_BLOCK), OUTER_BLOCK), x.dtype),
+               block_rows, name)
+  return _flat_rows.rejoin(_rtn_instance(_flat_rows.to_flat(x), **opts), x.shape)
 
 
 @functools.partial(jax.jit, static_argnames=("block_rows", "num_warps", "interpret"))

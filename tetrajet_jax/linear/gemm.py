@@ -29,7 +29,8 @@ Recipe field) picks how the layer's quantizers and GEMMs execute:
 
 With TETRAJET_QUANTIZER_KERNELS=triton, "pallas" and "auto" run the
 block-scaled quantizers on the Pallas Triton kernels instead
-(`kernels.nvfp4_quantize_triton`; docs/KERNELS.md).
+(`kernels.nvfp4_quantize_triton`; docs/KERNELS.md); with triton_rtn, only the
+RTN one.
 
 Testing: `interpret_kernels(...)` runs the named kernels in Mosaic GPU's
 interpreter on the CPU, as if the device could run them.
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator, Union
+from typing import Iterator, Literal, Union
 
 import jax
 import jax.numpy as jnp
@@ -154,10 +155,10 @@ def _interpret(name: str) -> dict:
   return {"interpret": True} if name in _interpreted else {}
 
 
-def _triton_quantizers(scaling: Scaling) -> bool:
-  """Whether a block-scaled quantizer runs on the Triton kernels (`kernels.quantizer_kernels()`,
-  set by TETRAJET_QUANTIZER_KERNELS=triton); tensor scaling always runs on the Mosaic ones."""
-  return scaling == "block" and kernels.quantizer_kernels() == "triton"
+def _triton_quantizers(scaling: Scaling, kind: Literal["rtn", "backward"]) -> bool:
+  """Whether a block-scaled quantizer runs on the Triton kernels (`kernels.triton_quantizer`, set by
+  TETRAJET_QUANTIZER_KERNELS); tensor scaling always runs on the Mosaic ones."""
+  return scaling == "block" and kernels.triton_quantizer(kind)
 
 
 def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
@@ -179,14 +180,14 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
   if tensor and x.shape[-1] % OUTER_BLOCK:
     return _unsupported(backend, f"tensor-scaled RTN quantizer for {x.dtype}{x.shape} (K % 128 != 0)")
   padded_shape = (*x.shape[:-1], -(-x.shape[-1] // OUTER_BLOCK) * OUTER_BLOCK)
-  triton = _triton_quantizers(scaling)
+  triton = _triton_quantizers(scaling, "rtn")
   can = backend in ("auto", "pallas") and (kernels.can_use_triton_quantizer(padded_shape, x.dtype) if triton
                                            else kernels.can_use_pallas_quantizer(padded_shape, x.dtype))
   if not _kernel_runs("rtn", can, backend, f"{'Triton ' if triton else ''}RTN quantizer for {x.dtype}{x.shape}"):
     return None
   xp = pad_axis_to_multiple(x, x.ndim - 1, OUTER_BLOCK)
   if triton:
-    t = kernels.quantize_nvfp4_rtn_triton(xp, **_interpret("rtn"))
+    t = kernels.quantize_nvfp4_rtn_triton(xp, flat_rows=flat_rows and x.ndim == 2, **_interpret("rtn"))
   else:
     scale = tensor_outer_scale(jnp.max(jnp.abs(x)).astype(jnp.float32)) if tensor else None
     t = kernels.quantize_nvfp4_rtn(xp, tensor_scale=scale, flat_rows=flat_rows and x.ndim == 2, **_interpret("rtn"))
@@ -212,7 +213,7 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   """
   what = (f"{'RHT + ' if rht_key is not None else ''}{rounding} {scaling}-scaled quantizer for {x.dtype}{x.shape} "
           f"along axis {axis}")
-  triton = _triton_quantizers(scaling) and rht_key is not None
+  triton = _triton_quantizers(scaling, "backward") and rht_key is not None
   can = backend in ("auto", "pallas") and (
       kernels.can_use_triton_quantizer(x.shape, x.dtype, axis=axis) if triton
       else kernels.can_use_pallas_backward_quantizer(x.shape, x.dtype, axis=axis))
