@@ -2,7 +2,9 @@
 
 An XLA elementwise op reads and writes the same bytes but reaches only about
 half of the H200's copy bandwidth, so it flatters every kernel timed against
-it; this copy moves the bytes with the same engine the kernels use.
+it; this copy moves the bytes with the same engine the kernels use. XLA's
+plain buffer copy (what a framework's clone of the tensor runs) is timed
+beside it, and the fastest of them is the roofline.
 
 Each CTA streams its rows through shared memory: TMA loads, pipelined
 ``max_concurrent_steps`` deep, and TMA stores straight from the loaded
@@ -17,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.experimental.pallas as pl
 import jax.experimental.pallas.mosaic_gpu as plgpu
+import jax.numpy as jnp
 from jax import lax
 
 from tetrajet_jax.kernels import hopper_available
@@ -84,14 +87,15 @@ def tma_copy(x: jax.Array, *, block_rows: int = 128, block_cols: int = 128, max_
 
 
 def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
-  """The roofline copies for ``x``, as (name, fn): on a Hopper GPU, when the
-  shape tiles, each of `COPY_VARIANTS` (enough CTAs to fill the chip; the
-  bench takes the fastest as the roofline); elsewhere XLA's elementwise
+  """The roofline copies for ``x``, as (name, fn): on a Hopper GPU, XLA's copy
+  of the buffer (a device-to-device copy, what a framework's clone runs) and,
+  when the shape tiles, each of `COPY_VARIANTS` (enough CTAs to fill the chip);
+  the bench takes the fastest as the roofline. Elsewhere XLA's elementwise
   negate (same bytes read and written)."""
   rows, cols = x.shape if x.ndim == 2 else (0, 0)
   if not (hopper_available() and rows and rows % 128 == 0):
     return [("xla", lambda v: -v)]
-  fns = []
+  fns = [("xla-copy", jnp.copy)]
   for name, tile_bytes, depth, delay, ctas in COPY_VARIANTS:
     block_cols = tile_bytes // (128 * x.dtype.itemsize)
     if cols % block_cols:
@@ -102,4 +106,4 @@ def copy_fns(x: jax.Array) -> list[tuple[str, object]]:
       splits -= 1
     fns.append((name, lambda v, bc=block_cols, sp=splits, d=depth, sd=delay: tma_copy(
         v, block_cols=bc, col_splits=sp, max_concurrent_steps=d, store_delay=sd)))
-  return fns or [("xla", lambda v: -v)]
+  return fns
