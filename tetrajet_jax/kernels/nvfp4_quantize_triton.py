@@ -114,10 +114,106 @@ def _quantize_tile(x: jax.Array, bits: jax.Array | None, interpret: bool):
           s_out.reshape(bm, 1))
 
 
-def _rtn_kernel(x_ref, codes_ref, s_in_ref, s_out_ref, *, interpret: bool):
-  """One [bm, 128] tile: bm outer blocks of eight inner blocks."""
-  x = x_ref[...].astype(jnp.float32).reshape(x_ref.shape[0], _BLOCKS, _PAIRS, 2)
-  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_tile(x, None, interpret)
+def _load_elements(x_ref, signs_ref=None) -> list[jax.Array]:
+  """A tile of x viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j of every
+  inner block; with signs_ref, the RHT-16 of each block instead (`_rht16_elements`).
+
+  Each quarter x_ref[:, :, 4q:4q+4] is one vector per (row, block) in one thread, and the four
+  quarters get the same layout, so a block's 16 elements sit in one thread: everything after the
+  load (transform, block maxima, scales, rounding, packing) is elementwise between these tensors,
+  with no layout conversion."""
+  bm = x_ref.shape[0]
+  xs = []
+  for q in range(4):
+    xq = x_ref[:, :, pl.ds(4 * q, 4)].astype(jnp.float32)  # [bm, 8, 4]
+    if signs_ref is not None:
+      xq = xq * lax.broadcast_in_dim(signs_ref[pl.ds(4 * q, 4)], xq.shape, (2,))
+    e0, e1 = lax.unstack(xq.reshape(bm, _BLOCKS, 2, 2), axis=3)  # elements 4q + {0, 2} and 4q + {1, 3}
+    (x0, x2), (x1, x3) = lax.unstack(e0, axis=2), lax.unstack(e1, axis=2)
+    xs += [x0, x1, x2, x3]
+  return xs if signs_ref is None else _rht16_elements(xs)
+
+
+def _rht16_elements(xs: list[jax.Array]) -> list[jax.Array]:
+  """(1/4) H16 on the sign products xs (element j of each block): `numerics.hadamard.random_hadamard_16`'s
+  butterfly with its operations in its order (pairs j, j ^ h for h = 1, 2, 4, 8, a + b at j and
+  a - b at j ^ h, then the product by 1/4), so the same values bit for bit."""
+  for h in (1, 2, 4, 8):
+    xs = [xs[j] + xs[j ^ h] if not j & h else xs[j ^ h] - xs[j] for j in range(INNER_BLOCK)]
+  return [x * 0.25 for x in xs]
+
+
+def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool):
+  """Quantizes 16 float32 [bm, 8] (element j of each inner block; a row's 8 blocks are one outer
+  block). hashes: None (round to nearest even) or 8 uint32 [bm, 8], the counter_rng hash of each
+  element pair (element 2i takes its low 16 bits, 2i + 1 its high). Returns the codes as two
+  uint32 words [bm, 8, 2] (element 8w + i in bits 4i..4i+3 of word w, so their little-endian bytes
+  are the packed bytes), E4M3 inner scales [bm, 8] and FP32 outer scales [bm, 1]."""
+  bm = xs[0].shape[0]
+  div = functools.partial(div_rn, interpret=interpret, ptx=_ptx_f32)
+  amax_bits = functools.reduce(jnp.maximum, [_abs_bits(x) for x in xs])  # [bm, 8]
+  amax_128 = _as_float(jnp.max(amax_bits, axis=1))  # [bm]
+  s_out = div(div(amax_128, E4M3_MAX), E2M1_MAX)
+  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
+  s_out = jnp.where(lax.bitcast_convert_type(amax_128, jnp.int32) <= _F32_MAX_BITS, s_out, jnp.nan)
+  s_out_b = lax.broadcast_in_dim(s_out, (bm, _BLOCKS), (0,))
+  quotient = div(div(_as_float(amax_bits), s_out_b), E2M1_MAX)
+  s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
+  s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
+  recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
+  words = [jnp.zeros((bm, _BLOCKS), jnp.uint32) for _ in range(2)]
+  for j, x in enumerate(xs):
+    v = flush_subnormal(jnp.abs(x)) * recip
+    idx = nearest_index(v) if hashes is None else stochastic_index(v, (high_bits if j % 2 else low_bits)(hashes[j // 2]))
+    code = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx).astype(jnp.uint32)
+    words[j // 8] = words[j // 8] | (code << jnp.uint32(4 * (j % 8)))
+  return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out.reshape(bm, 1)
+
+
+def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
+  """One [bm, 8, 16] tile of x viewed [R, K/16, 16], quantized along the last axis: RTN, or the
+  backward quantizer (RHT, then SR with the row keys, or RTN)."""
+  signs_ref, refs = (refs[0], refs[1:]) if rht else (None, refs)
+  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
+  bm = x_ref.shape[0]
+  xs = _load_elements(x_ref, signs_ref)
+  hashes = None
+  if stochastic:  # the generator's pair index is the canonical column // 2 = 64 program_id(1) + 8 block + i
+    first = lax.broadcasted_iota(jnp.int32, (bm, _BLOCKS), 1) * _PAIRS + pl.program_id(1) * (OUTER_BLOCK // 2)
+    key = lax.broadcast_in_dim(keys_ref[...], (bm, _BLOCKS), (0,))
+    hashes = [pair_hash(key, (first + i).astype(jnp.uint32)) for i in range(_PAIRS)]
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_elements(xs, hashes, interpret)
+
+
+def _rows_call(x, signs_16, seed, *, block_rows: int, num_warps: int, interpret: bool, name: str) -> NVFP4Tensor:
+  """The grid of `_rows_kernel` over x [R, K] (viewed [R, K/16, 16], a bitcast in XLA): RTN when
+  signs_16 is None, else the backward quantizer along the last axis."""
+  rows, k = x.shape
+  kb = k // OUTER_BLOCK
+  in_specs, args = [pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))], [
+      x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)]
+  if signs_16 is not None:
+    in_specs.append(pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,)))
+    args.append(signs_16)
+  if seed is not None:
+    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
+    args.append(row_keys(seed, rows))
+  kernel = functools.partial(_rows_kernel, rht=signs_16 is not None, stochastic=seed is not None,
+                             interpret=interpret)
+  words, s_in, s_out = pl.pallas_call(
+      kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
+                         jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
+                         jax.ShapeDtypeStruct((rows, kb), jnp.float32)),
+      grid=(rows // block_rows, kb), in_specs=in_specs,
+      out_specs=[pl.BlockSpec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0)),
+                 pl.BlockSpec((block_rows, _BLOCKS), lambda i, j: (i, j)),
+                 pl.BlockSpec((block_rows, 1), lambda i, j: (i, j))],
+      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name=name,
+  )(*args)
+  codes = lax.bitcast_convert_type(words, jnp.uint8)  # [rows, k/16, 2, 4]: the packed bytes in order
+  return NVFP4Tensor(codes=codes.reshape(rows, k // 2), scale_inner=s_in, scale_outer=s_out, shape=(rows, k), axis=1,
+                     scaling="block", block_2d=False)
 
 
 def _rht16(x: jax.Array, signs: jax.Array) -> jax.Array:
@@ -229,11 +325,8 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
 
 @functools.partial(jax.jit, static_argnames=("block_rows", "num_warps", "interpret"))
 def _rtn_instance(x, *, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
-  r, k = x.shape
-  outs = _call(functools.partial(_rtn_kernel, interpret=interpret), r, k,
-               [pl.BlockSpec((block_rows, OUTER_BLOCK), lambda i, j: (i, j))], (x,), block_rows=block_rows,
-               num_warps=num_warps, interpret=interpret, name="nvfp4_rtn_triton")
-  return _tensor(outs, (r, k), 1)
+  return _rows_call(x, None, None, block_rows=block_rows, num_warps=num_warps, interpret=interpret,
+                    name="nvfp4_rtn_triton")
 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
@@ -276,19 +369,18 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
 
 @functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
 def _backward_instance(x, signs_16, seed, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+  if axis == 1:
+    return _rows_call(x, signs_16, seed, name="nvfp4_backward_triton", **opts)
   shape = tuple(x.shape)
-  if axis == 0:
-    x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
-    k, rows = x.shape
-    tile = pl.BlockSpec((OUTER_BLOCK, block_rows), lambda i, j: (j, i))
-  else:
-    rows, k = x.shape
-    tile = pl.BlockSpec((block_rows, OUTER_BLOCK), lambda i, j: (i, j))
+  x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
+  k, rows = x.shape
+  tile = pl.BlockSpec((OUTER_BLOCK, block_rows), lambda i, j: (j, i))
   in_specs, args = [tile, pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,))], [x, signs_16]
   if seed is not None:
     in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
     args.append(row_keys(seed, rows))
-  kernel = functools.partial(_backward_kernel, transposed=axis == 0, stochastic=seed is not None,
+  kernel = functools.partial(_backward_kernel, transposed=True, stochastic=seed is not None,
                              interpret=interpret)
   outs = _call(kernel, rows, k, in_specs, tuple(args), block_rows=block_rows, num_warps=num_warps,
                interpret=interpret, name="nvfp4_backward_triton")
