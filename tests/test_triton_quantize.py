@@ -167,3 +167,21 @@ def test_backward_triton_bitwise_gpu(rng, key, dtype, axis):
   for stochastic in (True, False):
     t = jax.jit(lambda v, s: quantize_nvfp4_backward_triton(v, signs, s, axis=axis))(x, seed if stochastic else None)
     assert_same_tensor(t, jax.jit(lambda v: _backward_want(v, rht_key, sr_key, axis, stochastic))(x))
+
+
+def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
+  """`python -m experiments.bench triton-isa` hands each kernel's Triton IR to the triton package
+  (not installed here): every case lowers to exactly one module with the kernel function, and the
+  rendered table divides the static SASS count by the elements a thread holds."""
+  from experiments.bench import triton_isa  # noqa: PLC0415
+
+  cases = triton_isa.kernel_cases(["bfloat16"], [(16, 2)])
+  assert [c[0] for c in cases] == ["triton rtn bfloat16 rows16_w2", "triton rht+sr bfloat16 axis=-1 rows16_w2",
+                                   "triton rht+sr bfloat16 axis=0 rows16_w2"]
+  for name, fn, warps, per_thread, dtype in cases:
+    ttir = triton_isa.lower_to_ttir(fn, jax.ShapeDtypeStruct(triton_isa.SHAPE, dtype))
+    assert "tt.func" in ttir and "tt.store" in ttir, name
+    assert (warps, per_thread) == (2, 32)
+  row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
+             spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
+  assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"

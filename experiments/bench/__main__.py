@@ -1,14 +1,15 @@
-"""The benchmark command: ``python -m experiments.bench {all,kernels,recipes,train,lowering,profile,doc} [options]``
+"""The benchmark command: ``python -m experiments.bench {all,kernels,recipes,train,lowering,profile,triton-isa,doc} [options]``
 (`all`: every section in turn, then the performance document; `experiments/bench/suite.py`)."""
 
 from __future__ import annotations
 
 import sys
 
-from experiments.bench import kernels, lowering, performance_doc, recipes, step_profile, suite, train_steps
+from experiments.bench import kernels, lowering, performance_doc, recipes, step_profile, suite, train_steps, triton_isa
 
 COMMANDS = {"all": suite.main, "kernels": kernels.main, "recipes": recipes.main, "train": train_steps.main,
-            "lowering": lowering.main, "profile": step_profile.main, "doc": performance_doc.main}
+            "lowering": lowering.main, "profile": step_profile.main, "triton-isa": triton_isa.main,
+            "doc": performance_doc.main}
 
 
 def main(argv: list[str] | None = None) -> int:
