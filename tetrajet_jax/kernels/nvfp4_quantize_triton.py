@@ -90,38 +90,12 @@ def _as_float(bits: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _quantize_tile(x: jax.Array, bits: jax.Array | None, interpret: bool):
-  """Quantizes float32 x [bm, 8 inner blocks, 8 pairs, 2] (one outer block per row): packed
-  codes uint8 [bm, 8, 8], inner scales E4M3 [bm, 8], outer scales float32 [bm, 1]. bits: None
-  (round to nearest even) or uint32 [bm, 8, 8, 2], 16 random bits per element (stochastic)."""
-  bm = x.shape[0]
-  div = functools.partial(div_rn, interpret=interpret, ptx=_ptx_f32)
-  amax_bits = jnp.max(_abs_bits(x), axis=(2, 3))  # [bm, 8]
-  amax_128 = _as_float(jnp.max(amax_bits, axis=1))  # [bm]
-  s_out = div(div(amax_128, E4M3_MAX), E2M1_MAX)
-  s_out = jnp.where(s_out == 0.0, 1.0, s_out)
-  s_out = jnp.where(lax.bitcast_convert_type(amax_128, jnp.int32) <= _F32_MAX_BITS, s_out, jnp.nan)
-  s_out_b = lax.broadcast_in_dim(s_out, (bm, _BLOCKS), (0,))
-  quotient = div(div(_as_float(amax_bits), s_out_b), E2M1_MAX)
-  s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
-  s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
-  recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
-  v = flush_subnormal(jnp.abs(x)) * lax.broadcast_in_dim(recip, x.shape, (0, 1))
-  idx = nearest_index(v) if bits is None else stochastic_index(v, bits)
-  codes = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx)
-  shift = lax.broadcasted_iota(jnp.int32, x.shape, 3) * 4  # element 2i low nibble, 2i+1 high
-  return (jnp.sum(codes << shift, axis=3).astype(jnp.uint8), s_in.astype(jnp.float8_e4m3fn),
-          s_out.reshape(bm, 1))
-
-
-def _load_elements(x_ref, signs_ref=None) -> list[jax.Array]:
-  """A tile of x viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j of every
-  inner block; with signs_ref, the RHT-16 of each block instead (`_rht16_elements`).
+def _load_rows(x_ref, signs_ref=None) -> list[jax.Array]:
+  """A tile of x [R, K] viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j
+  of every inner block, times signs_ref[j] where given.
 
   Each quarter x_ref[:, :, 4q:4q+4] is one vector per (row, block) in one thread, and the four
-  quarters get the same layout, so a block's 16 elements sit in one thread: everything after the
-  load (transform, block maxima, scales, rounding, packing) is elementwise between these tensors,
-  with no layout conversion."""
+  quarters get the same layout, so a block's 16 elements sit in one thread."""
   bm = x_ref.shape[0]
   xs = []
   for q in range(4):
@@ -131,43 +105,61 @@ def _load_elements(x_ref, signs_ref=None) -> list[jax.Array]:
     e0, e1 = lax.unstack(xq.reshape(bm, _BLOCKS, 2, 2), axis=3)  # elements 4q + {0, 2} and 4q + {1, 3}
     (x0, x2), (x1, x3) = lax.unstack(e0, axis=2), lax.unstack(e1, axis=2)
     xs += [x0, x1, x2, x3]
-  return xs if signs_ref is None else _rht16_elements(xs)
+  return xs
 
 
-def _rht16_elements(xs: list[jax.Array]) -> list[jax.Array]:
-  """(1/4) H16 on the sign products xs (element j of each block): `numerics.hadamard.random_hadamard_16`'s
-  butterfly with its operations in its order (pairs j, j ^ h for h = 1, 2, 4, 8, a + b at j and
-  a - b at j ^ h, then the product by 1/4), so the same values bit for bit."""
+def _load_columns(x_ref, signs_ref) -> list[jax.Array]:
+  """A tile of x [T, C] viewed [T/16, 16, C] (x_ref [8, 16, bm]) as 16 float32 [8, bm]: element j
+  of every inner block along T, times signs_ref[j]. Slice j is eight rows of bm contiguous columns
+  (a coalesced load), and the 16 slices get one layout, so a block's 16 elements sit in one thread
+  and the tile is never transposed."""
+  return [x_ref[:, j, :].astype(jnp.float32) * signs_ref[j] for j in range(INNER_BLOCK)]
+
+
+def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
+  """(1/4) H16 on the sign products xs (element j of each block), with the operations of
+  `numerics.hadamard.random_hadamard_16` in its order (pairs j, j ^ h for h = 1, 2, 4, 8, a + b at j
+  and a - b at j ^ h, then the product by 1/4): the same values bit for bit, elementwise."""
   for h in (1, 2, 4, 8):
     xs = [xs[j] + xs[j ^ h] if not j & h else xs[j ^ h] - xs[j] for j in range(INNER_BLOCK)]
   return [x * 0.25 for x in xs]
 
 
-def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool):
-  """Quantizes 16 float32 [bm, 8] (element j of each inner block; a row's 8 blocks are one outer
-  block). hashes: None (round to nearest even) or 8 uint32 [bm, 8], the counter_rng hash of each
-  element pair (element 2i takes its low 16 bits, 2i + 1 its high). Returns the codes as two
-  uint32 words [bm, 8, 2] (element 8w + i in bits 4i..4i+3 of word w, so their little-endian bytes
-  are the packed bytes), E4M3 inner scales [bm, 8] and FP32 outer scales [bm, 1]."""
-  bm = xs[0].shape[0]
+def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int) -> list[jax.Array]:
+  """The counter_rng hash of each element pair i of every inner block, 8 uint32 tensors of `shape`
+  (blocks along block_axis, canonical rows along the other): the row's key, and the pair index
+  canonical column // 2 = 64 program_id(1) + 8 block + i."""
+  first = lax.broadcasted_iota(jnp.int32, shape, block_axis) * _PAIRS + pl.program_id(1) * (OUTER_BLOCK // 2)
+  key = lax.broadcast_in_dim(keys_ref[...], shape, (1 - block_axis,))
+  return [pair_hash(key, (first + i).astype(jnp.uint32)) for i in range(_PAIRS)]
+
+
+def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int):
+  """Quantizes 16 float32 tensors, element j of each inner block, with the 8 blocks of an outer
+  block along block_axis ([bm, 8] for 1, [8, bm] for 0). hashes: None (round to nearest even) or
+  8 uint32 pair hashes (element 2i takes the low 16 bits, 2i + 1 the high). Returns the codes as
+  two uint32 words stacked last (element 8w + i in bits 4i..4i+3 of word w, so their little-endian
+  bytes are the packed bytes), the E4M3 inner scales (the shape of xs[0]) and the FP32 outer
+  scales [bm]."""
+  shape, rows_axis = xs[0].shape, 1 - block_axis
   div = functools.partial(div_rn, interpret=interpret, ptx=_ptx_f32)
-  amax_bits = functools.reduce(jnp.maximum, [_abs_bits(x) for x in xs])  # [bm, 8]
-  amax_128 = _as_float(jnp.max(amax_bits, axis=1))  # [bm]
+  amax_bits = functools.reduce(jnp.maximum, [_abs_bits(x) for x in xs])  # per block, in one thread
+  amax_128 = _as_float(jnp.max(amax_bits, axis=block_axis))  # [bm]
   s_out = div(div(amax_128, E4M3_MAX), E2M1_MAX)
   s_out = jnp.where(s_out == 0.0, 1.0, s_out)
   s_out = jnp.where(lax.bitcast_convert_type(amax_128, jnp.int32) <= _F32_MAX_BITS, s_out, jnp.nan)
-  s_out_b = lax.broadcast_in_dim(s_out, (bm, _BLOCKS), (0,))
+  s_out_b = lax.broadcast_in_dim(s_out, shape, (rows_axis,))
   quotient = div(div(_as_float(amax_bits), s_out_b), E2M1_MAX)
   s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
   s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
   recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
-  words = [jnp.zeros((bm, _BLOCKS), jnp.uint32) for _ in range(2)]
+  words = [jnp.zeros(shape, jnp.uint32) for _ in range(2)]
   for j, x in enumerate(xs):
     v = flush_subnormal(jnp.abs(x)) * recip
     idx = nearest_index(v) if hashes is None else stochastic_index(v, (high_bits if j % 2 else low_bits)(hashes[j // 2]))
     code = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx).astype(jnp.uint32)
     words[j // 8] = words[j // 8] | (code << jnp.uint32(4 * (j % 8)))
-  return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out.reshape(bm, 1)
+  return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out
 
 
 def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
@@ -175,31 +167,37 @@ def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
   backward quantizer (RHT, then SR with the row keys, or RTN)."""
   signs_ref, refs = (refs[0], refs[1:]) if rht else (None, refs)
   keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  bm = x_ref.shape[0]
-  xs = _load_elements(x_ref, signs_ref)
-  hashes = None
-  if stochastic:  # the generator's pair index is the canonical column // 2 = 64 program_id(1) + 8 block + i
-    first = lax.broadcasted_iota(jnp.int32, (bm, _BLOCKS), 1) * _PAIRS + pl.program_id(1) * (OUTER_BLOCK // 2)
-    key = lax.broadcast_in_dim(keys_ref[...], (bm, _BLOCKS), (0,))
-    hashes = [pair_hash(key, (first + i).astype(jnp.uint32)) for i in range(_PAIRS)]
-  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_elements(xs, hashes, interpret)
+  xs = _load_rows(x_ref, signs_ref)
+  xs = _rht16(xs) if rht else xs
+  hashes = _pair_hashes(keys_ref, xs[0].shape, 1) if stochastic else None
+  codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=1)
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = codes, s_in, s_out[:, None]
 
 
-def _rows_call(x, signs_16, seed, *, block_rows: int, num_warps: int, interpret: bool, name: str) -> NVFP4Tensor:
-  """The grid of `_rows_kernel` over x [R, K] (viewed [R, K/16, 16], a bitcast in XLA): RTN when
-  signs_16 is None, else the backward quantizer along the last axis."""
-  rows, k = x.shape
-  kb = k // OUTER_BLOCK
-  in_specs, args = [pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))], [
-      x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)]
+def _columns_kernel(x_ref, signs_ref, *refs, stochastic: bool, interpret: bool):
+  """One [8, 16, bm] tile of x viewed [T/16, 16, C], quantized along the first axis (RHT, then SR
+  or RTN): bm canonical rows (columns of x), one outer block of tokens each. Only the per-block
+  results are transposed to the canonical layout."""
+  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
+  xs = _rht16(_load_columns(x_ref, signs_ref))
+  hashes = _pair_hashes(keys_ref, xs[0].shape, 0) if stochastic else None
+  codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=0)
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
+
+
+def _quantizer_call(kernel, x_view, tile: pl.BlockSpec, signs_16, seed, rows: int, k: int, *, block_rows: int,
+                    num_warps: int, interpret: bool, name: str):
+  """The quantizer grid over tiles of [block_rows canonical rows, 128] (program (i, j): rows block
+  i, outer block j): codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales
+  [rows, k/128]. The kernel writes two uint32 code words per inner block."""
+  in_specs, args = [tile], [x_view]
   if signs_16 is not None:
     in_specs.append(pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,)))
     args.append(signs_16)
   if seed is not None:
     in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
     args.append(row_keys(seed, rows))
-  kernel = functools.partial(_rows_kernel, rht=signs_16 is not None, stochastic=seed is not None,
-                             interpret=interpret)
+  kb = k // OUTER_BLOCK
   words, s_in, s_out = pl.pallas_call(
       kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
                          jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
@@ -212,46 +210,13 @@ def _rows_call(x, signs_16, seed, *, block_rows: int, num_warps: int, interpret:
       interpret=interpret, name=name,
   )(*args)
   codes = lax.bitcast_convert_type(words, jnp.uint8)  # [rows, k/16, 2, 4]: the packed bytes in order
-  return NVFP4Tensor(codes=codes.reshape(rows, k // 2), scale_inner=s_in, scale_outer=s_out, shape=(rows, k), axis=1,
-                     scaling="block", block_2d=False)
+  return codes.reshape(rows, k // 2), s_in, s_out
 
 
-def _rht16(x: jax.Array, signs: jax.Array) -> jax.Array:
-  """(1/4) H16 diag(signs) on each 16-chunk of float32 x [bm, 8, 16], with the operations of
-  `numerics.hadamard.random_hadamard_16` in its order (so the same values bit for bit): the
-  sign products, four butterfly stages (a + b, a - b) over element pairs j, j ^ h for h = 1, 2,
-  4, 8, then the product by 1/4.
-
-  A chunk is held as [2, 2, 2, 2] (one axis per bit of the element index, high to low). Each
-  stage pairs the elements that differ in the last axis's bit, then moves that axis to the front
-  of the four, so the next bit is last; four stages restore the order. Triton's split and join
-  work on a last axis of two, which stays inside one thread."""
-  bm = x.shape[0]
-  y = (x * lax.broadcast_in_dim(signs, x.shape, (2,))).reshape(bm, _BLOCKS, 2, 2, 2, 2)
-  for _ in range(4):
-    a, b = jnp.split(y, 2, axis=-1)
-    y = jnp.moveaxis(jnp.concatenate([a + b, a - b], axis=-1), -1, 2)
-  return y.reshape(bm, _BLOCKS, INNER_BLOCK) * 0.25
-
-
-def _backward_kernel(x_ref, signs_ref, *refs, transposed: bool, stochastic: bool, interpret: bool):
-  """One tile of canonical rows: x_ref is [bm, 128] (quantized along the last axis) or [128, bm]
-  (along the first: the tile is transposed in registers)."""
-  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  x = x_ref[...].astype(jnp.float32)
-  if transposed:
-    x = x.T
-  bm = x.shape[0]
-  y = _rht16(x.reshape(bm, _BLOCKS, INNER_BLOCK), signs_ref[...]).reshape(bm, _BLOCKS, _PAIRS, 2)
-  bits = None
-  if stochastic:
-    # The generator's pair index is the canonical column // 2 (counter_rng): 64 pairs per tile.
-    shape = (bm, _BLOCKS, _PAIRS)
-    pair = (lax.broadcasted_iota(jnp.int32, shape, 1) * _PAIRS + lax.broadcasted_iota(jnp.int32, shape, 2)
-            + pl.program_id(1) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
-    h = pair_hash(lax.broadcast_in_dim(keys_ref[...], shape, (0,)), pair)
-    bits = jnp.stack([low_bits(h), high_bits(h)], axis=-1)  # element 2i low half, 2i + 1 high
-  codes_ref[...], s_in_ref[...], s_out_ref[...] = _quantize_tile(y, bits, interpret)
+def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
+  codes, s_in, s_out = outs
+  return NVFP4Tensor(codes=codes, scale_inner=s_in, scale_outer=s_out, shape=shape, axis=axis, scaling="block",
+                     block_2d=False)
 
 
 def _check_input(x, block_rows: int, name: str, axis: int = 1) -> None:
@@ -268,30 +233,6 @@ def _check_input(x, block_rows: int, name: str, axis: int = 1) -> None:
     raise ValueError(f"{name}: shape {x.shape} along axis {axis} needs "
                      + what.format(b=block_rows, o=OUTER_BLOCK)
                      + "; pad (zeros change no scale) or use tetrajet_jax.numerics.quantize_nvfp4.")
-
-
-def _call(kernel, rows: int, k: int, in_specs: list, args: tuple, *, block_rows: int, num_warps: int,
-          interpret: bool, name: str):
-  """The quantizer grid over tiles of [block_rows canonical rows, 128]: codes [rows, k/2] (as
-  [rows, k/16, 8]), E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]."""
-  kb = k // OUTER_BLOCK
-  out_shape = (jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, _PAIRS), jnp.uint8),
-               jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
-               jax.ShapeDtypeStruct((rows, kb), jnp.float32))
-  return pl.pallas_call(
-      kernel, out_shape=out_shape, grid=(rows // block_rows, kb), in_specs=in_specs,
-      out_specs=[pl.BlockSpec((block_rows, _BLOCKS, _PAIRS), lambda i, j: (i, j, 0)),
-                 pl.BlockSpec((block_rows, _BLOCKS), lambda i, j: (i, j)),
-                 pl.BlockSpec((block_rows, 1), lambda i, j: (i, j))],
-      compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name=name,
-  )(*args)
-
-
-def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
-  codes, s_in, s_out = outs
-  return NVFP4Tensor(codes=codes.reshape(codes.shape[0], -1), scale_inner=s_in, scale_outer=s_out, shape=shape,
-                     axis=axis, scaling="block", block_2d=False)
 
 
 def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
@@ -325,8 +266,12 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
 
 @functools.partial(jax.jit, static_argnames=("block_rows", "num_warps", "interpret"))
 def _rtn_instance(x, *, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
-  return _rows_call(x, None, None, block_rows=block_rows, num_warps=num_warps, interpret=interpret,
-                    name="nvfp4_rtn_triton")
+  r, k = x.shape
+  tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
+  kernel = functools.partial(_rows_kernel, rht=False, stochastic=False, interpret=interpret)
+  outs = _quantizer_call(kernel, x.reshape(r, k // INNER_BLOCK, INNER_BLOCK), tile, None, None, r, k,
+                         block_rows=block_rows, num_warps=num_warps, interpret=interpret, name="nvfp4_rtn_triton")
+  return _tensor(outs, (r, k), 1)
 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
@@ -369,22 +314,20 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
 
 @functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
 def _backward_instance(x, signs_16, seed, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
-  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret)
-  if axis == 1:
-    return _rows_call(x, signs_16, seed, name="nvfp4_backward_triton", **opts)
   shape = tuple(x.shape)
-  x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
-  k, rows = x.shape
-  tile = pl.BlockSpec((OUTER_BLOCK, block_rows), lambda i, j: (j, i))
-  in_specs, args = [tile, pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,))], [x, signs_16]
-  if seed is not None:
-    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
-    args.append(row_keys(seed, rows))
-  kernel = functools.partial(_backward_kernel, transposed=True, stochastic=seed is not None,
-                             interpret=interpret)
-  outs = _call(kernel, rows, k, in_specs, tuple(args), block_rows=block_rows, num_warps=num_warps,
-               interpret=interpret, name="nvfp4_backward_triton")
-  return _tensor(outs, shape, axis)
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret, name="nvfp4_backward_triton")
+  if axis == 1:
+    rows, k = shape
+    tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
+    kernel = functools.partial(_rows_kernel, rht=True, stochastic=seed is not None, interpret=interpret)
+    x_view = x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)
+  else:
+    x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
+    k, rows = x.shape
+    tile = pl.BlockSpec((_BLOCKS, INNER_BLOCK, block_rows), lambda i, j: (j, 0, i))
+    kernel = functools.partial(_columns_kernel, stochastic=seed is not None, interpret=interpret)
+    x_view = x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows)
+  return _tensor(_quantizer_call(kernel, x_view, tile, signs_16, seed, rows, k, **opts), shape, axis)
 
 
 def can_use_triton_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block_rows: int = 32) -> bool:
