@@ -16,11 +16,17 @@ What differs is the thread layout. The Mosaic GPU kernels hold a tile in the
 wgmma register layout, where the 16 elements of an inner block are spread over
 four lanes, so each of those lanes repeats the block's scale arithmetic (two
 divisions, the E4M3 rounding, the reciprocal: dozens of instructions) for
-four elements of its own. Here Triton's blocked layout keeps a row's
-contiguous elements in one thread, so a block's scale work is shared by at
-most two threads, and a kernel is a plain load, per-block and per-element
-arithmetic, and stores, with no pipeline or barrier written in it (Triton
-places its own layout conversions, e.g. the transposed tile of axis 0).
+four elements of its own. Here every thread holds whole inner blocks: a tile
+is loaded as sixteen tensors, one per element position j of the block (four
+quarter loads of x viewed [R, K/16, 16] along the last axis; sixteen row
+slices of x viewed [T/16, 16, C] along the first), all in one layout. The RHT
+butterfly, block maxima, scales, hashes, rounding and packing are then
+elementwise between those tensors; the only steps that cross threads are the
+maximum over an outer block's eight inner blocks and, along the first axis,
+the transpose of the per-block results into the canonical layout. Compiled for
+sm_90 (`python -m experiments.bench triton-isa`) that is 2-3 layout
+conversions and no register spills per kernel; a kernel is a plain load,
+arithmetic and stores, with no pipeline or barrier written in it.
 
 Semantics that Triton and the interpreter must agree on:
 - block maxima are integer maxima of |x|'s float32 bits: for non-negative
@@ -34,16 +40,16 @@ Semantics that Triton and the interpreter must agree on:
   rounded PTX instructions on the GPU (`div.rn.ftz.f32`, `rcp.rn.ftz.f32`),
   the XLA path's own `numerics.scales` functions in the interpreter.
 
-Packing: a tile is viewed as [rows, 8 inner blocks, 8 pairs, 2], and a pair's
-two codes (element 2i in the low nibble) are combined in the thread that holds
-both. Outputs are written in the canonical layouts: codes [R, K/2], inner
-scales [R, K/16] as E4M3, outer scales [R, K/128].
+Packing: an inner block's 16 codes leave as two uint32 words (element 8w + i
+in bits 4i..4i+3 of word w), whose little-endian bytes are the packed bytes
+(element 2i in the low nibble). Outputs are the canonical layouts: codes
+[R, K/2], inner scales [R, K/16] as E4M3, outer scales [R, K/128].
 
 JAX 0.11 marks the Pallas Triton backend deprecated (a DeprecationWarning
 while lowering). These kernels are measured beside the Mosaic ones
 (`python -m experiments.bench kernels --only quant,bwdquant`); the layer runs
-its block-scaled quantizers on them only under TETRAJET_QUANTIZER_KERNELS=triton
-(`kernels._platform`).
+its block-scaled quantizers on them under TETRAJET_QUANTIZER_KERNELS=triton
+(both) or triton_rtn (RTN only) (`kernels._platform`).
 """
 
 from __future__ import annotations
