@@ -1,7 +1,9 @@
 # Sourced by the GPU scripts (scripts/gpu_suite.sh, scripts/gpu_ablation.sh): installs the packages the
 # GPU image lacks from carried wheels (.bundle/wheels: grain and its deps;
 # .whl: test and logging deps; .whl/mpl: plotting, if missing) into /tmp/site
-# and puts the repo and /tmp/site on PYTHONPATH. Needs $LOG.
+# and puts the repo and /tmp/site on PYTHONPATH. Logs to $LOG (default /tmp/gpu_env.log, so a shell
+# can source it on its own before running a bench command).
+: "${LOG:=/tmp/gpu_env.log}"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 shopt -s nullglob  # a missing folder contributes no wheels
 wheels=()
