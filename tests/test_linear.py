@@ -573,9 +573,10 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
 def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch, setting, outcontrol):
   """With TETRAJET_QUANTIZER_KERNELS=triton (here: the module setting), every block-scaled
   quantizer of a TetraJet-v2 layer runs on the Triton kernels (interpreted; GEMMs on XLA): Q1
-  along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 and Q4 of the weights (Q2 in
-  the flat view), Q3..Q6 with RHT + SR. Their RHT is the XLA butterfly's operations in order, so
-  y, dX and dW equal the XLA path's bit for bit, and every kernel was called. With triton_rtn,
+  along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 of the weights in the flat view,
+  Q3..Q6 with RHT + SR (Q4, of the weights, in the flat view). Their RHT is the XLA butterfly's
+  operations in order, so y, dX and dW equal the XLA path's bit for bit, and every kernel was
+  called. With triton_rtn,
   Q1 and Q2 run on Triton and the RHT + SR quantizers on the Mosaic kernel."""
   from tetrajet_jax.kernels import _flat_rows, _platform  # noqa: PLC0415
 
@@ -598,7 +599,7 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
   backward = "quantize_nvfp4_backward_triton" if setting == "triton" else "quantize_nvfp4_backward"
   assert {c[0] for c in calls} == {"quantize_nvfp4_rtn_triton", backward}
   assert {c[2] for c in calls if c[0] == "quantize_nvfp4_rtn_triton"} == {False, True}  # Q1; Q2 flat
-  assert {c[1] for c in calls if c[0] == backward} == {-1, 0}
+  assert {c[1:] for c in calls if c[0] == backward} == {(-1, False), (-1, True), (0, False)}  # Q4 flat
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",

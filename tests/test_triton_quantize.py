@@ -124,6 +124,23 @@ def test_rtn_triton_flat_rows_is_bitwise_interpret(rng, monkeypatch, dtype):
   assert _flat_rows.to_flat(x).shape == _flat_rows.to_flat(y).shape == (128, 128)
 
 
+@pytest.mark.parametrize("seeded", [True, False])
+def test_backward_triton_flat_rows_is_bitwise_interpret(rng, key, monkeypatch, seeded):
+  """The weights' flat view of the backward quantizer (axis -1, R no multiple of the tile): each
+  flat row draws its original row's bits, so the result is the unflattened kernel's and the XLA
+  path's, bit for bit."""
+  monkeypatch.setattr(_flat_rows, "MIN_BUCKET_ROWS", 64)
+  rht_key, sr_key = jax.random.split(key)
+  x = _edge_input(rng, (40, 256), jnp.float32)
+  seed = sr_seed(sr_key) if seeded else None
+  flat = quantize_nvfp4_backward_triton(x, hadamard_signs(rht_key), seed, flat_rows=True, interpret=True)
+  assert_same_tensor(flat, quantize_nvfp4_backward_triton(x, hadamard_signs(rht_key), seed, block_rows=8,
+                                                          interpret=True))
+  assert_same_tensor(flat, _backward_want(x, rht_key, sr_key, -1, seeded))
+  with pytest.raises(ValueError, match="along the last axis"):
+    quantize_nvfp4_backward_triton(x, hadamard_signs(rht_key), seed, axis=0, flat_rows=True, interpret=True)
+
+
 @pytest.mark.parametrize("shape, dtype, match", [
     ((4, 64, 128), jnp.float32, "2-D"),
     ((64, 200), jnp.float32, "multiple of 128"),

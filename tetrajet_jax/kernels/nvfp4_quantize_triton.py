@@ -134,10 +134,17 @@ def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
 def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int) -> list[jax.Array]:
   """The counter_rng hash of each element pair i of every inner block, 8 uint32 tensors of `shape`
   (blocks along block_axis, canonical rows along the other): the row's key, and the pair index
-  canonical column // 2 = 64 program_id(1) + 8 block + i."""
-  first = lax.broadcasted_iota(jnp.int32, shape, block_axis) * _PAIRS + pl.program_id(1) * (OUTER_BLOCK // 2)
-  key = lax.broadcast_in_dim(keys_ref[...], shape, (1 - block_axis,))
-  return [pair_hash(key, (first + i).astype(jnp.uint32)) for i in range(_PAIRS)]
+  canonical column // 2 = 64 program_id(1) + 8 block + i. keys_ref: [bm] row keys, or [2, bm] keys
+  and each row's first pair index (the flat view of `_flat_rows`)."""
+  rows_axis = 1 - block_axis
+  first = (lax.broadcasted_iota(jnp.int32, shape, block_axis) * _PAIRS
+           + pl.program_id(1) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
+  if len(keys_ref.shape) == 2:
+    key = lax.broadcast_in_dim(keys_ref[0, :], shape, (rows_axis,))
+    first = first + lax.broadcast_in_dim(keys_ref[1, :], shape, (rows_axis,))
+  else:
+    key = lax.broadcast_in_dim(keys_ref[...], shape, (rows_axis,))
+  return [pair_hash(key, first + jnp.uint32(i)) for i in range(_PAIRS)]
 
 
 def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int):
@@ -191,18 +198,20 @@ def _columns_kernel(x_ref, signs_ref, *refs, stochastic: bool, interpret: bool):
   codes_ref[...], s_in_ref[...], s_out_ref[...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
 
 
-def _quantizer_call(kernel, x_view, tile: pl.BlockSpec, signs_16, seed, rows: int, k: int, *, block_rows: int,
+def _quantizer_call(kernel, x_view, tile: pl.BlockSpec, signs_16, keys, rows: int, k: int, *, block_rows: int,
                     num_warps: int, interpret: bool, name: str):
   """The quantizer grid over tiles of [block_rows canonical rows, 128] (program (i, j): rows block
   i, outer block j): codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales
-  [rows, k/128]. The kernel writes two uint32 code words per inner block."""
+  [rows, k/128]. keys: None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two
+  uint32 code words per inner block."""
   in_specs, args = [tile], [x_view]
   if signs_16 is not None:
     in_specs.append(pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,)))
     args.append(signs_16)
-  if seed is not None:
-    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)))
-    args.append(row_keys(seed, rows))
+  if keys is not None:
+    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)) if keys.ndim == 1
+                    else pl.BlockSpec((2, block_rows), lambda i, j: (0, i)))
+    args.append(keys)
   kb = k // OUTER_BLOCK
   words, s_in, s_out = pl.pallas_call(
       kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
@@ -264,9 +273,7 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
     _check_input(x, block_rows, name)
     return _rtn_instance(x, **opts)
   _flat_rows.check_flat_shape(jnp.shape(x), name)
-  r, k = x.shape
-  _check_input(jax.ShapeDtypeStruct((_flat_rows.bucket_rows(r * k // OUTER_BLOCK), OUTER_BLOCK), x.dtype),
-               block_rows, name)
+  _check_input(_flat_shape(x), block_rows, name)
   return _flat_rows.rejoin(_rtn_instance(_flat_rows.to_flat(x), **opts), x.shape)
 
 
@@ -281,20 +288,24 @@ def _rtn_instance(x, *, block_rows: int, num_warps: int, interpret: bool) -> NVF
 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
-                                   block_rows: int = 32, num_warps: int = 4,
+                                   block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
                                    interpret: bool = False) -> NVFP4Tensor:
   """TetraJet-v2's backward quantizer (Q3..Q6) of a 2-D array in one pass: RHT-16, double-block
   scales, stochastic rounding (round to nearest even with seed=None), as a Pallas Triton kernel.
 
   Args:
-    x: bf16 or f32 [R, C]. axis=-1: R % block_rows == 0, C % 128 == 0.
-      axis=0: C % block_rows == 0; R is zero-padded to a multiple of 128 (the
-      layer pads tokens the same way).
+    x: bf16 or f32 [R, C]. axis=-1: R % block_rows == 0 (free with flat_rows),
+      C % 128 == 0. axis=0: C % block_rows == 0; R is zero-padded to a multiple
+      of 128 (the layer pads tokens the same way).
     signs_16: float32 [16], the RHT signs (`numerics.hadamard_signs(key)`).
     seed: uint32 scalar of the SR generator (`counter_rng.sr_seed(key)`), or
       None for round to nearest even.
     axis: -1/1 (along the last axis) or 0 (along the first; the result is the
-      canonical layout of x^T, transposed in registers, not in HBM).
+      canonical layout of x^T, and only the per-block results are transposed).
+    flat_rows: (axis -1) quantize x as its row-major view of 128-wide rows,
+      zero-padded to a power-of-two bucket (`_flat_rows`), each flat row with
+      its original row's key and pair offset: the same result, and every small
+      tensor of a bucket runs one kernel instance.
     block_rows, num_warps, interpret: as `quantize_nvfp4_rtn_triton`.
 
   Returns:
@@ -306,7 +317,11 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
   if axis not in (-1, 0, 1):
     raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
   axis %= 2
-  _check_input(x, block_rows, name, axis)
+  if flat_rows:
+    if axis != 1:
+      raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
+    _flat_rows.check_flat_shape(jnp.shape(x), name)
+  _check_input(_flat_shape(x) if flat_rows else x, block_rows, name, axis)
   if jnp.shape(signs_16) != (INNER_BLOCK,):
     raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
@@ -314,26 +329,37 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
   if isinstance(seed, int):  # a Python int may not fit jit's int32
     seed = np.uint32(seed)
-  return _backward_instance(x, jnp.asarray(signs_16, jnp.float32), seed, axis=axis, block_rows=block_rows,
-                            num_warps=num_warps, interpret=interpret)
+  opts = dict(axis=axis, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+  signs_16 = jnp.asarray(signs_16, jnp.float32)
+  if flat_rows:
+    keys = None if seed is None else _flat_rows.row_keys_and_offsets(seed, x.shape)
+    return _flat_rows.rejoin(_backward_instance(_flat_rows.to_flat(x), signs_16, keys, **opts), x.shape)
+  keys = None if seed is None else row_keys(seed, x.shape[1 - axis])
+  return _backward_instance(x, signs_16, keys, **opts)
+
+
+def _flat_shape(x) -> jax.ShapeDtypeStruct:
+  """The flat view's shape and dtype (checked before anything is computed)."""
+  r, k = x.shape
+  return jax.ShapeDtypeStruct((_flat_rows.bucket_rows(r * k // OUTER_BLOCK), OUTER_BLOCK), x.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
-def _backward_instance(x, signs_16, seed, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
+def _backward_instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
   shape = tuple(x.shape)
   opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret, name="nvfp4_backward_triton")
   if axis == 1:
     rows, k = shape
     tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
-    kernel = functools.partial(_rows_kernel, rht=True, stochastic=seed is not None, interpret=interpret)
+    kernel = functools.partial(_rows_kernel, rht=True, stochastic=keys is not None, interpret=interpret)
     x_view = x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
     k, rows = x.shape
     tile = pl.BlockSpec((_BLOCKS, INNER_BLOCK, block_rows), lambda i, j: (j, 0, i))
-    kernel = functools.partial(_columns_kernel, stochastic=seed is not None, interpret=interpret)
+    kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret)
     x_view = x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows)
-  return _tensor(_quantizer_call(kernel, x_view, tile, signs_16, seed, rows, k, **opts), shape, axis)
+  return _tensor(_quantizer_call(kernel, x_view, tile, signs_16, keys, rows, k, **opts), shape, axis)
 
 
 def can_use_triton_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block_rows: int = 32) -> bool:

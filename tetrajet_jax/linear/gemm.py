@@ -222,7 +222,8 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   signs = None if rht_key is None else hadamard_signs(rht_key)
   seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
   if triton:
-    return kernels.quantize_nvfp4_backward_triton(x, signs, seed, axis=axis, **_interpret("backward"))
+    return kernels.quantize_nvfp4_backward_triton(x, signs, seed, axis=axis, flat_rows=flat_rows and axis in (-1, 1),
+                                                  **_interpret("backward"))
   scale = None
   if scaling == "tensor":
     amax = (jnp.max(jnp.abs(x)).astype(jnp.float32) if signs is None
