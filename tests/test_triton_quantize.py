@@ -12,6 +12,7 @@ cannot lower); the `gpu`-marked tests compile and run them on the GPU host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +92,8 @@ def test_triton_kernels_lower_for_hopper(dtype):
   """Every operation of the kernel bodies has a Pallas Triton lowering for sm_90."""
   spec = jax.ShapeDtypeStruct((256, 512), dtype)
   signs = jnp.ones((16,), jnp.float32)
-  fns = [quantize_nvfp4_rtn_triton] + [
+  fns = [quantize_nvfp4_rtn_triton, functools.partial(quantize_nvfp4_rtn_triton, flat_rows=True),
+         lambda v: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), flat_rows=True)] + [
       lambda v, axis=axis, seed=seed: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis)
       for axis in (-1, 0) for seed in (jnp.uint32(3), None)]
   with _platform.assume_hopper():
