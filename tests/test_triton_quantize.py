@@ -204,3 +204,24 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
   row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
              spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
   assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiling", [(16, 2), (64, 4)])
+def test_triton_tilings_and_flat_views_bitwise_gpu(rng, key, tiling):
+  """The bench's other tilings, and the weights' flat views (a 20m weight shape, default bucket),
+  compiled on the GPU: bitwise the XLA path."""
+  block_rows, num_warps = tiling
+  rht_key, sr_key = jax.random.split(key)
+  signs, seed = hadamard_signs(rht_key), sr_seed(sr_key)
+  x = _edge_input(rng, (2048, 1024), jnp.bfloat16)
+  for axis in (-1, 0):
+    t = jax.jit(lambda v: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis, block_rows=block_rows,
+                                                         num_warps=num_warps))(x)
+    assert_same_tensor(t, jax.jit(lambda v: _backward_want(v, rht_key, sr_key, axis, True))(x))
+  assert_same_tensor(jax.jit(lambda v: quantize_nvfp4_rtn_triton(v, block_rows=block_rows, num_warps=num_warps))(x),
+                     quantize_nvfp4(x, axis=-1))
+  w = _edge_input(rng, (1536, 512), jnp.float32)
+  assert_same_tensor(jax.jit(lambda v: quantize_nvfp4_rtn_triton(v, flat_rows=True))(w), quantize_nvfp4(w, axis=-1))
+  flat = jax.jit(lambda v: quantize_nvfp4_backward_triton(v, signs, seed, flat_rows=True))(w)
+  assert_same_tensor(flat, jax.jit(lambda v: _backward_want(v, rht_key, sr_key, -1, True))(w))
