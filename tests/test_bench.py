@@ -409,7 +409,7 @@ def test_tma_copy_roofline_copies_every_element(rng, dtype, col_splits, store_de
 
 def test_xla_copy_roofline_copies_every_call_of_the_timing_loop(monkeypatch):
   """On a Hopper GPU the roofline also times XLA's buffer copy; inside the timing loop that copy
-  is not elided: the compiled loop body still holds one copy of the whole input per call."""
+  is not elided: the loop body this backend compiles holds one copy of the whole input per call."""
   from experiments.bench import copy_kernel, timing  # noqa: PLC0415
 
   monkeypatch.setattr(copy_kernel, "hopper_available", lambda: True)
