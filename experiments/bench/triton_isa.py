@@ -105,8 +105,8 @@ def lower_to_ttir(fn, spec) -> str:
 
 
 def table(result: dict) -> str:
-  lines = ["| kernel | SASS instructions per element (static) | layout conversions | shared B | registers | spill B | SHFL | BAR | CALL |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| kernel | SASS instructions per element (static) | layout conversions | shared B | registers | spill B "
+           "| SHFL | BAR | CALL |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     c = r["sass_by_class"]
     lines.append(f"| {r['name']} | {r['sass'] / r['elements_per_thread']:.0f} | {r['convert_layouts']} | "
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
                          env=env)
     if out.returncode:
       raise SystemExit(f"compiling with {args.triton_python} failed:\n{out.stderr[-3000:]}")
-  rows = [json.loads(line) | {"elements_per_thread": meta[json.loads(line)["name"]]}
-          for line in out.stdout.splitlines() if line.startswith("{")]
+  rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  rows = [r | {"elements_per_thread": meta[r["name"]]} for r in rows]
   result = dict(kind="triton_isa", commit=commit_id(), jax=jax.__version__, shape=list(SHAPE), target="cuda:90",
                 rows=rows)
   print(f"Pallas Triton quantizers compiled for sm_90 (commit {result['commit']}, triton "

@@ -234,8 +234,13 @@ def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
                      block_2d=False)
 
 
-def _check_input(x, block_rows: int, name: str, axis: int = 1) -> None:
-  """ValueError, before anything is traced, for what the kernels cannot take."""
+def _check_input(x, block_rows: int, name: str, axis: int = 1, *, flat_rows: bool = False) -> None:
+  """ValueError, before anything is traced, for what the kernels cannot take (with flat_rows: x's
+  shape for the flat view, then the flat view itself)."""
+  if flat_rows:
+    _flat_rows.check_flat_shape(jnp.shape(x), name)
+    r, k = x.shape
+    x = jax.ShapeDtypeStruct((_flat_rows.bucket_rows(r * k // OUTER_BLOCK), OUTER_BLOCK), x.dtype)
   if jnp.ndim(x) != 2:
     raise ValueError(f"{name}: expected a 2-D array, got shape {jnp.shape(x)}; reshape leading axes into rows.")
   if jnp.dtype(x.dtype) not in (jnp.bfloat16, jnp.float32):
@@ -267,24 +272,9 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
   Returns:
     NVFP4Tensor bitwise equal to `numerics.quantize_nvfp4(x, axis=-1)`.
   """
-  name = "quantize_nvfp4_rtn_triton"
-  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret)
-  if not flat_rows:
-    _check_input(x, block_rows, name)
-    return _rtn_instance(x, **opts)
-  _flat_rows.check_flat_shape(jnp.shape(x), name)
-  _check_input(_flat_shape(x), block_rows, name)
-  return _flat_rows.rejoin(_rtn_instance(_flat_rows.to_flat(x), **opts), x.shape)
-
-
-@functools.partial(jax.jit, static_argnames=("block_rows", "num_warps", "interpret"))
-def _rtn_instance(x, *, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
-  r, k = x.shape
-  tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
-  kernel = functools.partial(_rows_kernel, rht=False, stochastic=False, interpret=interpret)
-  outs = _quantizer_call(kernel, x.reshape(r, k // INNER_BLOCK, INNER_BLOCK), tile, None, None, r, k,
-                         block_rows=block_rows, num_warps=num_warps, interpret=interpret, name="nvfp4_rtn_triton")
-  return _tensor(outs, (r, k), 1)
+  _check_input(x, block_rows, "quantize_nvfp4_rtn_triton", flat_rows=flat_rows)
+  return _quantize(x, None, None, axis=1, flat_rows=flat_rows, block_rows=block_rows, num_warps=num_warps,
+                   interpret=interpret)
 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
@@ -317,11 +307,9 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
   if axis not in (-1, 0, 1):
     raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
   axis %= 2
-  if flat_rows:
-    if axis != 1:
-      raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
-    _flat_rows.check_flat_shape(jnp.shape(x), name)
-  _check_input(_flat_shape(x) if flat_rows else x, block_rows, name, axis)
+  if flat_rows and axis != 1:
+    raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
+  _check_input(x, block_rows, name, axis, flat_rows=flat_rows)
   if jnp.shape(signs_16) != (INNER_BLOCK,):
     raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
@@ -329,29 +317,31 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
   if isinstance(seed, int):  # a Python int may not fit jit's int32
     seed = np.uint32(seed)
-  opts = dict(axis=axis, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
-  signs_16 = jnp.asarray(signs_16, jnp.float32)
+  return _quantize(x, jnp.asarray(signs_16, jnp.float32), seed, axis=axis, flat_rows=flat_rows, block_rows=block_rows,
+                   num_warps=num_warps, interpret=interpret)
+
+
+def _quantize(x, signs_16, seed, *, axis: int, flat_rows: bool, **opts) -> NVFP4Tensor:
+  """Either quantizer on checked input: RTN when signs_16 is None, else the backward one; the SR
+  keys (`_pair_hashes`) of x's rows, or of the flat view's rows with their pair offsets."""
   if flat_rows:
     keys = None if seed is None else _flat_rows.row_keys_and_offsets(seed, x.shape)
-    return _flat_rows.rejoin(_backward_instance(_flat_rows.to_flat(x), signs_16, keys, **opts), x.shape)
+    return _flat_rows.rejoin(_instance(_flat_rows.to_flat(x), signs_16, keys, axis=1, **opts), x.shape)
   keys = None if seed is None else row_keys(seed, x.shape[1 - axis])
-  return _backward_instance(x, signs_16, keys, **opts)
-
-
-def _flat_shape(x) -> jax.ShapeDtypeStruct:
-  """The flat view's shape and dtype (checked before anything is computed)."""
-  r, k = x.shape
-  return jax.ShapeDtypeStruct((_flat_rows.bucket_rows(r * k // OUTER_BLOCK), OUTER_BLOCK), x.dtype)
+  return _instance(x, signs_16, keys, axis=axis, **opts)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
-def _backward_instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool):
+def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
+  """One kernel instance: RTN (signs_16 None, along the last axis) or the backward quantizer."""
   shape = tuple(x.shape)
-  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret, name="nvfp4_backward_triton")
+  rht = signs_16 is not None
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret,
+              name="nvfp4_backward_triton" if rht else "nvfp4_rtn_triton")
   if axis == 1:
     rows, k = shape
     tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
-    kernel = functools.partial(_rows_kernel, rht=True, stochastic=keys is not None, interpret=interpret)
+    kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret)
     x_view = x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
