@@ -133,6 +133,7 @@ for job in $JOBS; do
     "$date_utc" "$n_procs" <<'PY' | tee -a "$LOG"
 import json, sys
 from pathlib import Path
+from tetrajet_jax.kernels import _platform
 run_dir, commit, device, flags, wall, date, n_procs = sys.argv[1:]
 finished = sorted(p.parent.name for p in Path(run_dir).glob("*/final.json"))
 path = Path(run_dir) / "provenance.json"
@@ -140,6 +141,8 @@ records = json.loads(path.read_text()) if path.is_file() else []
 records = records if isinstance(records, list) else [records]
 records.append({"commit": commit, "device": device, "command": f"python -m experiments.ablation {flags}",
                 "wall_s": float(wall), "date": date, "concurrent_processes": int(n_procs),
+                # Which kernels the block-scaled quantizers ran on: the same bits, different tokens/s.
+                "quantizer_kernels": _platform.quantizer_kernels(),
                 "note": ("arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures"
                          if int(n_procs) > 1 else "one arm at a time on the GPU: final.json tokens/s are the arm's alone"),
                 "finished_arms": finished})

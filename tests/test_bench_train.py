@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -103,14 +104,16 @@ def test_lowering_section_refuses_unknown_kernels(capsys):
   assert e.value.code == 2 and "unknown ['rtn_fp8']" in capsys.readouterr().err
 
 
-def test_lowering_section_lowers_whole_steps_with_their_kernels():
+def test_lowering_section_lowers_whole_steps_with_their_kernels(monkeypatch):
   """--steps lowers an arm's update for CUDA with the kernels' dispatch told it is on a Hopper GPU:
-  the FP4 arm's functions (both halves of its split update) call Mosaic modules, bf16's call none,
-  and the pretence ends with the section (this host's dispatch is back to XLA)."""
+  the FP4 arm's functions (both halves of its split update) call Mosaic modules (here all its
+  kernels: TETRAJET_QUANTIZER_KERNELS=mosaic), bf16's call none, and the pretence ends with the
+  section (this host's dispatch is back to XLA)."""
   import jax
 
-  from tetrajet_jax.kernels import hopper_available
+  from tetrajet_jax.kernels import _platform, hopper_available
 
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "mosaic")
   result = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2,tiny/bf16", "--layers", "1"])
   fp4, bf16 = result["rows"]
   assert fp4["step"] == "tiny/tetrajet_v2" and fp4["lower_s"] > 0
@@ -125,11 +128,14 @@ def test_lowering_section_lowers_whole_steps_with_their_kernels():
 
 
 def test_lowering_section_counts_triton_kernels(monkeypatch):
-  """Under the Triton quantizers (TETRAJET_QUANTIZER_KERNELS=triton; here the module setting) an FP4
-  step's block-scaled quantizers lower to Triton calls: fewer Mosaic modules (the GEMMs remain), and
-  the row says which kernels ran."""
+  """Under the Triton quantizers (TETRAJET_QUANTIZER_KERNELS=triton, the default; here the module
+  setting) an FP4 step's block-scaled quantizers lower to Triton calls: fewer Mosaic modules (the
+  GEMMs remain) than under mosaic, and the row says which kernels ran."""
   from tetrajet_jax.kernels import _platform
 
+  if _platform.QUANTIZER_KERNELS_ENV not in os.environ:
+    assert _platform.QUANTIZER_KERNELS == "triton"  # the default
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "mosaic")
   mosaic = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2", "--layers", "1"])["rows"][0]
   monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
   triton = lowering.main(["--kernels", "", "--steps", "tiny/tetrajet_v2", "--layers", "1"])["rows"][0]

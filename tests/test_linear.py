@@ -550,7 +550,11 @@ def test_pallas_backward_gives_the_xla_gradients_bitwise_interpret(rng, key, mon
   GPU's interpreter (interpret_kernels("backward"); backend "auto" keeps the RTN
   quantizers and GEMMs on XLA here) gives the XLA path's dX and dW bit for
   bit at 128^3: both draw SR's bits from the same counter-based generator.
-  The kernel must have been called."""
+  The kernel must have been called (the Mosaic family, TETRAJET_QUANTIZER_KERNELS=mosaic: here the
+  module setting)."""
+  from tetrajet_jax.kernels import _platform  # noqa: PLC0415
+
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "mosaic")
   calls = record_kernel_calls(monkeypatch, ["quantize_nvfp4_backward"], lambda name, args, kwargs: kwargs.get("axis"))
   # Its own recipe name, so no function compiled without the interpreter is reused.
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name="tetrajet_v2_interpreted")
@@ -638,9 +642,13 @@ def test_nvidia_quantizers_on_the_kernels_give_the_xla_layer_bitwise_interpret(r
 def test_rtn_kernel_takes_outcontrol_fp4_channels_padded_interpret(rng, key, monkeypatch):
   """With OutControl the FP4 part has K - round(0.1 K) channels (230 of 256 here), not a multiple
   of 128: the RTN kernel gets them zero-padded to 256, for X (Q1) and W (Q2), and the forward
-  equals the XLA path's bit for bit (the GEMMs stay on XLA here)."""
+  equals the XLA path's bit for bit (the GEMMs stay on XLA here). The Mosaic RTN kernel
+  (TETRAJET_QUANTIZER_KERNELS=mosaic); the Triton one takes the same padding in
+  test_triton_quantizers_give_the_xla_layer_bitwise_interpret."""
   from tetrajet_jax import kernels  # noqa: PLC0415
+  from tetrajet_jax.kernels import _platform  # noqa: PLC0415
 
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "mosaic")
   shapes = record_kernel_calls(monkeypatch, ["quantize_nvfp4_rtn"], lambda name, args, kwargs: tuple(args[0].shape))
   asked = []  # what the layer asks whether the kernel takes (on a GPU: the padded shape, or XLA)
   monkeypatch.setattr(kernels, "can_use_pallas_quantizer", lambda shape, dtype: asked.append(tuple(shape)) or True)

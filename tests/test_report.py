@@ -278,6 +278,20 @@ def test_speed_ratio_needs_the_baselines_gpu_model(tmp_path, folders):
   assert settings["bf16"]["device"] == "NVIDIA H100 80GB HBM3"
 
 
+def test_provenance_names_the_quantizer_kernels_where_recorded(tmp_path, folders):
+  """A device run that recorded its quantizer kernels (same bits, different tokens/s) says so in
+  its provenance line; an older record without them says nothing about kernels."""
+  seed0, seed1 = folders
+  _write_json(seed0 / "provenance.json", [
+      {"commit": "abc", "device": "NVIDIA H100 80GB HBM3", "wall_s": 10.0, "concurrent_processes": 1},
+      {"commit": "def", "device": "NVIDIA H100 80GB HBM3", "wall_s": 20.0, "concurrent_processes": 1,
+       "quantizer_kernels": "triton"}])
+  lines = [l for l in section(run_report(tmp_path, [seed0, seed1]), "Provenance").splitlines()
+           if l.startswith("- device run:")]
+  assert "commit `abc`" in lines[0] and "quantizer kernels" not in lines[0]
+  assert "commit `def`" in lines[1] and "wall time 20 s, triton quantizer kernels: `" in lines[1]
+
+
 def test_shared_gpu_rates_are_not_called_a_speed(tmp_path, folders):
   """Arms trained side by side (provenance concurrent_processes > 1) without a
   probe of each alone get no speed ratio: shared-GPU tokens/s only bound it."""

@@ -47,14 +47,15 @@ if DEFAULT_SEMANTICS not in _SEMANTICS:
   raise ValueError(f"{SEMANTICS_ENV}={DEFAULT_SEMANTICS!r}: use one of {', '.join(_SEMANTICS)}.")
 
 
-# Which kernels the layer's block-scaled quantizers run on: "mosaic" (the Mosaic GPU kernels, the
-# default), "triton" (`nvfp4_quantize_triton` for RTN and for RHT + SR, measured against them) or
-# "triton_rtn" (Triton's RTN, Mosaic's RHT + SR: each family where it measured faster). Tensor
-# scaling and the RHT-free backward quantizer stay on Mosaic. Read once at import, like the
-# semantics above; `linear.gemm` asks `triton_quantizer(kind)` when it traces a quantizer.
+# Which kernels the layer's block-scaled quantizers run on: "triton" (the default:
+# `nvfp4_quantize_triton` for RTN and for RHT + SR, the faster family on an H100 for both, and the
+# faster compile), "mosaic" (the Mosaic GPU kernels) or "triton_rtn" (Triton's RTN, Mosaic's
+# RHT + SR). All three give the same bits. Tensor scaling and the RHT-free backward quantizer stay
+# on Mosaic. Read once at import, like the semantics above; `linear.gemm` asks
+# `triton_quantizer(kind)` when it traces a quantizer.
 QuantizerKernels = Literal["mosaic", "triton", "triton_rtn"]
 QUANTIZER_KERNELS_ENV = "TETRAJET_QUANTIZER_KERNELS"
-QUANTIZER_KERNELS: QuantizerKernels = os.environ.get(QUANTIZER_KERNELS_ENV, "mosaic")  # type: ignore[assignment]
+QUANTIZER_KERNELS: QuantizerKernels = os.environ.get(QUANTIZER_KERNELS_ENV, "triton")  # type: ignore[assignment]
 if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
   raise ValueError(f"{QUANTIZER_KERNELS_ENV}={QUANTIZER_KERNELS!r}: "
                    f"use one of {', '.join(typing.get_args(QuantizerKernels))}.")
