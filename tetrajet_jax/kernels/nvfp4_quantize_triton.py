@@ -46,10 +46,10 @@ in bits 4i..4i+3 of word w), whose little-endian bytes are the packed bytes
 [R, K/2], inner scales [R, K/16] as E4M3, outer scales [R, K/128].
 
 JAX 0.11 marks the Pallas Triton backend deprecated (a DeprecationWarning
-while lowering). These kernels are measured beside the Mosaic ones
-(`python -m experiments.bench kernels --only quant,bwdquant`); the layer runs
-its block-scaled quantizers on them under TETRAJET_QUANTIZER_KERNELS=triton
-(both) or triton_rtn (RTN only) (`kernels._platform`).
+while lowering). The layer runs its block-scaled quantizers on these kernels
+by default (TETRAJET_QUANTIZER_KERNELS=triton; `kernels._platform`): on an
+H100 they beat the Mosaic ones at every shape, dtype and axis
+(`python -m experiments.bench kernels --only quant,bwdquant`).
 """
 
 from __future__ import annotations
@@ -96,21 +96,29 @@ def _as_float(bits: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _split_last(x: jax.Array) -> list[jax.Array]:
+  """x [..., w] (w a power of two) as w tensors [...], element e of the last axis in entry e, by
+  size-2 splits only (what Triton's split takes), each tensor in the layout of x's leading axes."""
+  if x.shape[-1] == 1:
+    return [x.reshape(x.shape[:-1])]
+  even, odd = lax.unstack(x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2), axis=x.ndim)
+  return [t for pair in zip(_split_last(even), _split_last(odd)) for t in pair]
+
+
 def _load_rows(x_ref, signs_ref=None) -> list[jax.Array]:
   """A tile of x [R, K] viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j
   of every inner block, times signs_ref[j] where given.
 
-  Each quarter x_ref[:, :, 4q:4q+4] is one vector per (row, block) in one thread, and the four
-  quarters get the same layout, so a block's 16 elements sit in one thread."""
-  bm = x_ref.shape[0]
+  Each load x_ref[:, :, w q : w (q + 1)] is one 16-byte vector per (row, block) in one thread (w = 4
+  float32 or 8 bfloat16 elements), and the loads get the same layout, so a block's 16 elements sit
+  in one thread."""
+  width = 16 // x_ref.dtype.itemsize
   xs = []
-  for q in range(4):
-    xq = x_ref[:, :, pl.ds(4 * q, 4)].astype(jnp.float32)  # [bm, 8, 4]
+  for q in range(INNER_BLOCK // width):
+    xq = x_ref[:, :, pl.ds(width * q, width)].astype(jnp.float32)  # [bm, 8, width]
     if signs_ref is not None:
-      xq = xq * lax.broadcast_in_dim(signs_ref[pl.ds(4 * q, 4)], xq.shape, (2,))
-    e0, e1 = lax.unstack(xq.reshape(bm, _BLOCKS, 2, 2), axis=3)  # elements 4q + {0, 2} and 4q + {1, 3}
-    (x0, x2), (x1, x3) = lax.unstack(e0, axis=2), lax.unstack(e1, axis=2)
-    xs += [x0, x1, x2, x3]
+      xq = xq * lax.broadcast_in_dim(signs_ref[pl.ds(width * q, width)], xq.shape, (2,))
+    xs += _split_last(xq)
   return xs
 
 

@@ -27,10 +27,11 @@ Recipe field) picks how the layer's quantizers and GEMMs execute:
   auto       (default) The Pallas kernels where `can_use_*` says they run,
              XLA elsewhere.
 
-With TETRAJET_QUANTIZER_KERNELS=triton, "pallas" and "auto" run the
-block-scaled quantizers on the Pallas Triton kernels instead
-(`kernels.nvfp4_quantize_triton`; docs/KERNELS.md); with triton_rtn, only the
-RTN one.
+"pallas" and "auto" run the block-scaled quantizers on the Pallas Triton
+kernels (`kernels.nvfp4_quantize_triton`; docs/KERNELS.md) under
+TETRAJET_QUANTIZER_KERNELS=triton, the default; on the Mosaic ones under
+mosaic; RTN on Triton and RHT + SR on Mosaic under triton_rtn. The bits are
+the same.
 
 Testing: `interpret_kernels(...)` runs the named kernels in Mosaic GPU's
 interpreter on the CPU, as if the device could run them.
