@@ -115,11 +115,8 @@ def _load_rows(x_ref, signs_ref=None) -> list[jax.Array]:
   width = 16 // x_ref.dtype.itemsize
   xs = []
   for q in range(INNER_BLOCK // width):
-    xq = x_ref[:, :, pl.ds(width * q, width)].astype(jnp.float32)  # [bm, 8, width]
-    if signs_ref is not None:
-      xq = xq * lax.broadcast_in_dim(signs_ref[pl.ds(width * q, width)], xq.shape, (2,))
-    xs += _split_last(xq)
-  return xs
+    xs += _split_last(x_ref[:, :, pl.ds(width * q, width)].astype(jnp.float32))  # width of [bm, 8]
+  return xs if signs_ref is None else [x * signs_ref[j] for j, x in enumerate(xs)]
 
 
 def _load_columns(x_ref, signs_ref) -> list[jax.Array]:
