@@ -2,7 +2,8 @@
 
 Bitwise the unflattened kernel and the XLA quantizer (codes, scales, SR bits), in Mosaic GPU's
 interpreter on the CPU with a small bucket (the default bucket, 8192 rows, is too slow to
-interpret); lowered for Hopper on the CPU, every weight shape of a bucket is one Mosaic module.
+interpret); lowered for Hopper on the CPU, every weight shape of a bucket is one kernel instance
+(Mosaic module or Triton kernel).
 """
 
 from __future__ import annotations
@@ -79,13 +80,23 @@ def test_flat_rows_rejects_what_it_cannot_view():
     quantize_nvfp4_backward(jnp.ones((64, 256)), None, None, rounding="nearest", axis=0, flat_rows=True)
 
 
-def test_weights_of_every_shape_share_one_kernel_instance(monkeypatch, fresh_lowering_cache):
+@pytest.mark.parametrize("family", ["mosaic", "triton"])
+def test_weights_of_every_shape_share_one_kernel_instance(monkeypatch, fresh_lowering_cache, family):
   """Lowered for Hopper on the CPU: the layer's weight quantizers (Q2: RTN of W^T; Q4: RHT + SR of
-  W_hat along N) on three weight shapes lower one Mosaic module each in the flat view, three each
-  without it."""
+  W_hat along N) on three weight shapes lower one kernel each in the flat view, three each without
+  it, on either kernel family (TETRAJET_QUANTIZER_KERNELS; here the module setting)."""
+  from jax._src.pallas.triton import pallas_call_registration  # noqa: PLC0415
+
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", family)
   modules = []
-  lower_module = mosaic_core.lower_mgpu_module
-  monkeypatch.setattr(mosaic_core, "lower_mgpu_module", lambda *a, **k: modules.append(1) or lower_module(*a, **k))
+  if family == "mosaic":
+    lower_module = mosaic_core.lower_mgpu_module
+    monkeypatch.setattr(mosaic_core, "lower_mgpu_module", lambda *a, **k: modules.append(1) or lower_module(*a, **k))
+  else:
+    triton_lowering = pallas_call_registration.lowering
+    lower_module = triton_lowering.lower_jaxpr_to_triton_module
+    monkeypatch.setattr(triton_lowering, "lower_jaxpr_to_triton_module",
+                        lambda *a, **k: modules.append(1) or lower_module(*a, **k))
   key = jax.random.key(0)
 
   def quantizers(flat):
