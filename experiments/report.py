@@ -343,13 +343,17 @@ def discussion_section(folders: list[RunFolder], noise: SeedNoise) -> list[str]:
            f"Rules: a difference in validation loss between two arms of {ref.label} is called resolved when it "
            f"exceeds {NOISE_MARGIN:g}x the seed noise (the largest seed-to-seed |Δ loss| above); otherwise the "
            "claim is not resolved at this scale, whatever its sign. One pair of seeds is one sample of the "
-           "noise, so these are indications, not tests.", ""]
+           "noise, so these are indications, not tests. Where two or more seeds have both arms, the "
+           "verdict over seeds (section Across seeds) follows and is the one that counts.", ""]
 
   def loss_claim(title: str, arm: str, base: str) -> str:
     delta = loss_delta(ref, arm, base)
+    n, cell, verdict = report_seeds.loss_claim(folders, arm, base)
+    over_seeds = f" Over {n} seeds: **{verdict}**, {cell}." if n >= 2 else ""
     return _claim(title, loss_verdict(delta, noise.loss),
                   f"Δ val loss {arm} - {base} = {fmt(delta, '+.4f')} (PPL {fmt(ref.arm(arm).val('ppl'), '.3f')} vs "
-                  f"{fmt(ref.arm(base).val('ppl'), '.3f')}), {noise_text}, ratio {in_units(delta, noise.loss)}.")
+                  f"{fmt(ref.arm(base).val('ppl'), '.3f')}), {noise_text}, ratio {in_units(delta, noise.loss)}."
+                  + over_seeds)
 
   lines.append(loss_claim("TetraJet-v2 beats NVIDIA's recipe", "tetrajet_v2", "nvidia_nvfp4"))
   lines.append(loss_claim("TetraJet-v2 full beats NVIDIA's recipe", "tetrajet_v2_full", "nvidia_nvfp4"))

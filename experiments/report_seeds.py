@@ -35,6 +35,14 @@ def _interval_cell(iv: seed_stats.Interval | None, spec: str) -> str:
   return "n/a" if iv is None else f"{iv.mean:{spec}} [{iv.low:{spec}}, {iv.high:{spec}}]"
 
 
+def loss_claim(folders: list[RunFolder], arm: str, base: str) -> tuple[int, str, str]:
+  """The claim "arm's validation loss is lower than base's" over the seed folders: how many seeds
+  have both arms, the mean paired difference with its 95% interval, and the verdict."""
+  deltas = [loss_delta(f, arm, base) for f in folders if f.exists]
+  iv = seed_stats.interval(deltas)
+  return sum(d is not None for d in deltas), _interval_cell(iv, "+.4f"), seed_stats.lower_verdict(iv)
+
+
 def section(folders: list[RunFolder], paper_gap_closure: float) -> list[str]:
   """Per-arm means and spreads over the seed folders, and every claim's paired interval and verdict."""
   seeds = [f for f in folders if f.exists]
@@ -61,9 +69,8 @@ def section(folders: list[RunFolder], paper_gap_closure: float) -> list[str]:
 
   rows = []
   for title, arm, base in SEED_CLAIMS:
-    iv = seed_stats.interval([loss_delta(f, arm, base) for f in seeds])
-    n = sum(loss_delta(f, arm, base) is not None for f in seeds)
-    rows.append([title, f"{arm} - {base}", str(n), _interval_cell(iv, "+.4f"), seed_stats.lower_verdict(iv)])
+    n, cell, verdict = loss_claim(seeds, arm, base)
+    rows.append([title, f"{arm} - {base}", str(n), cell, verdict])
   closures = [gap_closure(*(f.arm(a).val("ppl") for a in ("tetrajet_v2_full", "nvidia_nvfp4", "bf16")))
               for f in seeds]
   iv = seed_stats.interval(closures)

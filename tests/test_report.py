@@ -343,6 +343,15 @@ def test_across_seeds_intervals_and_verdicts(tmp_path):
   assert row["mean [95% interval]"] == f"{mean:.3f} [{low:.3f}, {high:.3f}]"
   assert row["verdict"] == "refuted"  # about 76% in every seed: the interval excludes the paper's 51.3%
   assert claims["rebound with - without OsciReset"]["verdict"] == "confirmed"  # only tetrajet_v2 rebounds
+  # The Discussion's single-seed bullets end with the verdict over seeds, the same figures.
+  discussion = section(run_report(tmp_path, runs), "Discussion")
+  for title, arm, base, verdict in (("OsciReset lowers the validation loss", "tetrajet_v2_oscireset", "tetrajet_v2",
+                                     "confirmed"),
+                                    ("OutControl lowers the validation loss", "tetrajet_v2_outcontrol", "tetrajet_v2",
+                                     "unresolved")):
+    bullet = next(l for l in discussion.splitlines() if l.startswith(f"- **{title}**"))
+    mean, low, high = loss_claim(arm, base)
+    assert bullet.endswith(f" Over 3 seeds: **{verdict}**, {mean:+.4f} [{low:+.4f}, {high:+.4f}]."), bullet
   figures = section(run_report(tmp_path, runs), "Figures")
   for name in ("loss_seeds.png", "latent.png"):
     assert f"(results/{name})" in figures and (tmp_path / "docs" / "results" / name).stat().st_size > 0
@@ -357,4 +366,5 @@ def test_across_seeds_with_one_seed_per_claim_is_unresolved(tmp_path, folders):
   arms = {r["arm"]: r for r in table_rows(text)}
   assert arms["bf16"]["seeds"] == "2" and arms["nvidia_nvfp4"]["seeds"] == "1"
   assert "±" not in arms["nvidia_nvfp4"]["val loss"]  # one seed: no spread
+  assert " Over " not in section(run_report(tmp_path, folders), "Discussion")  # no verdict over one seed
 
