@@ -125,11 +125,20 @@ def test_div_rn_special_operands(integer):
 def test_e2m1_nearest_matches_ml_dtypes(rng, mode):
   grid = ref.E2M1_VALUES.astype(np.float32)
   mids = (grid[1:] + grid[:-1]) / 2
+  # The index is rounded from the float's bits: every float32 within 512 ulps of each grid value,
+  # midpoint and binade edge, and random bit patterns over the whole finite range.
+  edges = np.concatenate([grid, mids, [8.0, 2.0**-126]]).astype(np.float32)
+  near = (edges.view(np.int32)[:, None] + np.arange(-512, 513)[None, :]).ravel()
+  bits = rng.integers(0, 0x7F800000, 100000)
   v = np.concatenate([rng.uniform(-8, 8, 20000), grid, -grid, mids, -mids, np.nextafter(mids, 0),
-                      np.nextafter(mids, 10), [6.5, -7, 1e9]]).astype(np.float32)
+                      np.nextafter(mids, 10), [6.5, -7, 1e9, np.inf, -np.inf],
+                      near[near >= 0].astype(np.int32).view(np.float32),
+                      bits.astype(np.int32).view(np.float32)]).astype(np.float32)
+  v = np.concatenate([v, -v])
   got = np.asarray(run(nm.round_e2m1_nearest, mode, jnp.asarray(v)))
   np.testing.assert_array_equal(got, ref.e2m1_codes(v))
   np.testing.assert_array_equal(np.asarray(nm.decode_e2m1(jnp.asarray(got))), ref.decode_codes(got))
+  assert np.asarray(run(nm.round_e2m1_nearest, mode, jnp.asarray([np.nan, -np.nan], np.float32))).tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("mode", MODES)

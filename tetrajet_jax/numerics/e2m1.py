@@ -5,8 +5,9 @@ Code layout (the E2M1 bit encoding): bit 3 = sign, bits 0-2 = magnitude index
 into E2M1_GRID = {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Zero is always encoded as +0
 (code 0), so quantize(dequantize(q)) == q holds bitwise.
 
-Rounding is done with comparisons against the grid's decision thresholds, not
-with a float4 cast: comparisons cannot be elided by XLA under jit. The NVFP4
+Rounding is done with integer arithmetic on the float32 bits and comparisons
+against the grid's decision thresholds, not with a float4 cast: neither can be
+elided by XLA under jit. The NVFP4
 quantizers (XLA and Pallas) apply these functions to v = fp32(|x| r), r the
 block's correctly rounded reciprocal scale; stochastic rounding takes its 16
 random bits per element from counter_rng.
@@ -38,12 +39,19 @@ def with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
 def nearest_index(a: jax.Array) -> jax.Array:
   """Magnitude index (int32, 0..7) of a = |v| under E2M1 RNE, saturating (NaN -> 0).
 
-  Compares and selects only (no boolean arithmetic), so Mosaic GPU kernels
+  From a's float32 bits t, not a compare per grid value (this runs once per
+  element in every quantizer): for a >= 1 the grid keeps one mantissa bit, so
+  rounding t half to even at bit 22 (add 2^21 - 1 plus the kept bit) and
+  shifting gives the grid value's bits >> 22, whose index is that minus 252
+  (1.0 -> 2), capped at 7 (6.0; Inf too). Below 1 the grid is {0, 0.5, 1}:
+  two compares, ties 0.25 -> 0 and 0.75 -> 1.0. NaN fails every compare: 0.
+  Integer ops and selects only (no boolean arithmetic), so Mosaic GPU kernels
   call it too."""
-  idx = jnp.zeros(a.shape, jnp.int32)
-  for i, (mid, up) in enumerate(zip(_MIDPOINTS, _TIE_ROUNDS_UP)):
-    idx = jnp.where(a >= mid if up else a > mid, i + 1, idx)  # monotone in i: later selects override
-  return idx
+  t = lax.bitcast_convert_type(a, jnp.uint32)
+  rounded = t + (jnp.uint32(0x1FFFFF) + ((t >> 22) & jnp.uint32(1)))
+  idx_big = lax.bitcast_convert_type(jnp.minimum(rounded >> 22, jnp.uint32(259)) - jnp.uint32(252), jnp.int32)
+  idx_small = jnp.where(a >= 0.75, 2, jnp.where(a > 0.25, 1, 0))
+  return jnp.where(a >= 1.0, idx_big, idx_small)
 
 
 def round_e2m1_nearest(v: jax.Array) -> jax.Array:
