@@ -526,6 +526,14 @@ def test_sr_probability_resolution_is_2_to_minus_16(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_bits_to_unit_is_the_cell_midpoint_for_every_bits_value(mode):
+  """(bits + 1/2) 2^-16 exactly, for all 2^16 values (float64 reference)."""
+  bits = np.arange(2**16, dtype=np.uint32)
+  got = np.asarray(run(nm.counter_rng.bits_to_unit, mode, jnp.asarray(bits)))
+  np.testing.assert_array_equal(got.astype(np.float64), (bits.astype(np.float64) + 0.5) / 2**16)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_sr_index_equals_the_float64_rule_around_every_grid_value(mode):
   """stochastic_index reads lo, gap and the index off v's float bits; it must
   give the float64 rule's index (numpy_reference.sr_codes) for every float32

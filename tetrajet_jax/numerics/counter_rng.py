@@ -86,7 +86,8 @@ def bits_to_unit(bits: jax.Array) -> jax.Array:
   midpoint of the bits' 2^-16 cell of [0, 1). Built from the float's bits (no
   integer-to-float conversion, which Mosaic GPU kernels lack for uint32)."""
   one_plus = lax.bitcast_convert_type((bits << (23 - SR_BITS)) | _u32(0x3F800000), jnp.float32)  # 1 + bits 2^-16
-  return (one_plus - 1.0) + 2.0**-(SR_BITS + 1)
+  # One subtraction: the result has at most 17 significant bits, so it is exact (no rounding).
+  return one_plus - (1.0 - 2.0**-(SR_BITS + 1))
 
 
 __all__ = ["SR_BITS", "fmix32", "sr_seed", "row_keys", "pair_hash", "low_bits", "high_bits", "element_bits",
