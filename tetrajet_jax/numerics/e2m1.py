@@ -24,10 +24,13 @@ from tetrajet_jax.numerics import counter_rng
 
 E2M1_MAX = 6.0
 E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
-# Midpoints between neighbours; at a tie RNE goes to the even code (even
-# magnitude index): 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
-_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_TIE_ROUNDS_UP = (False, True, False, True, False, True, False)
+
+
+def _index_from_one_up(t: jax.Array) -> jax.Array:
+  """Magnitude index (int32) of the grid value at or below the float32 with bits t, a value >= 1:
+  from 1 up the grid keeps one mantissa bit, so t >> 22 is 254 at 1.0 and one more per grid step
+  (259 at 6.0); capped at index 7, so larger values and Inf saturate."""
+  return lax.bitcast_convert_type(jnp.minimum(t >> 22, jnp.uint32(259)) - jnp.uint32(252), jnp.int32)
 
 
 def with_sign(idx: jax.Array, negative: jax.Array) -> jax.Array:
@@ -49,7 +52,7 @@ def nearest_index(a: jax.Array) -> jax.Array:
   call it too."""
   t = lax.bitcast_convert_type(a, jnp.uint32)
   rounded = t + (jnp.uint32(0x1FFFFF) + ((t >> 22) & jnp.uint32(1)))
-  idx_big = lax.bitcast_convert_type(jnp.minimum(rounded >> 22, jnp.uint32(259)) - jnp.uint32(252), jnp.int32)
+  idx_big = _index_from_one_up(rounded)
   idx_small = jnp.where(a >= 0.75, 2, jnp.where(a > 0.25, 1, 0))
   return jnp.where(a >= 1.0, idx_big, idx_small)
 
@@ -100,8 +103,7 @@ def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   half = v >= 0.5
   lo_big = lax.bitcast_convert_type(t & jnp.uint32(0xFFC00000), jnp.float32)
   gap_big = lax.bitcast_convert_type(t & jnp.uint32(0x7F800000), jnp.float32) * 0.5
-  # 6.0's bits >> 22 are 259: index 7 there and for everything above.
-  idx_big = lax.bitcast_convert_type(jnp.minimum(t >> 22, jnp.uint32(259)) - jnp.uint32(252), jnp.int32)
+  idx_big = _index_from_one_up(t)
   lo_idx = jnp.where(big, idx_big, jnp.where(half, 1, 0))
   lo = jnp.where(big, lo_big, jnp.where(half, 0.5, 0.0))
   gap = jnp.where(big, gap_big, 0.5)
