@@ -229,7 +229,7 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
       closure = row[-2] if folder is folders[0] else "n/a"
       out_rows.append([row[0], folder.label] + row[1:-2]
                       + [closure, _speed_cell(folder.speed(name), folder.arm(name).tokens_per_s),
-                         fmt_ratio(folder.speed_ratio(name))])
+                         _ratio_cell(folders, folder, name)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
   docs = _num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
@@ -243,7 +243,10 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                "throughput_alone.json); an arm "
                "that only trained side by side with others shows final.json's figure marked '(shared GPU)', "
                "a lower bound, and no ratio. The ratio is to bf16 of the same folder trained on the same GPU "
-               "model (the device column of the settings table); across GPU models it is n/a.")
+               "model (the device column of the settings table); where that bf16 trained on another GPU "
+               "model, to the bf16 of the first other seed that trained on the arm's GPU model (named in "
+               "the cell: the model and step are the same, the seed changes only the numbers drawn); "
+               "else n/a.")
   return lines + [""]
 
 
@@ -478,6 +481,17 @@ def command_line(args: argparse.Namespace) -> str:
   if args.figures.resolve() != DEFAULT_FIGURES.resolve():
     parts += ["--figures", display(args.figures)]
   return " ".join(parts)
+
+
+def _ratio_cell(folders: list[RunFolder], folder: RunFolder, arm: str) -> str:
+  """`arm`'s tokens/s over bf16's on the same GPU model: its own folder's bf16, else another seed's."""
+  ratio = folder.speed_ratio(arm)
+  if ratio is not None or arm == "bf16":
+    return fmt_ratio(ratio)
+  for other in folders:
+    if other is not folder and (ratio := folder.speed_ratio(arm, baseline_folder=other)) is not None:
+      return f"{fmt_ratio(ratio)} (bf16 of {other.label})"
+  return fmt_ratio(None)
 
 
 def _speed_cell(alone: float | None, final: float | None) -> str:

@@ -100,12 +100,13 @@ class RunFolder:
     """GPU of the device run that finished ``arm`` (e.g. "NVIDIA H100 80GB HBM3")."""
     return self._finishing_run(arm).get("device")
 
-  def speed_ratio(self, arm: str, baseline: str = "bf16") -> float | None:
-    """`speed` of ``arm`` over ``baseline``'s, only when both trained on the same GPU model
-    (arms of one folder may finish on different hosts: an H100's ratio against an H200's
-    baseline would measure the hosts, not the arms)."""
-    speed, base = self.speed(arm), self.speed(baseline)
-    if not speed or not base or self.trained_on(arm) != self.trained_on(baseline):
+  def speed_ratio(self, arm: str, baseline: str = "bf16", baseline_folder: RunFolder | None = None) -> float | None:
+    """`speed` of ``arm`` over ``baseline``'s (in ``baseline_folder``, by default this one), only
+    when both trained on the same GPU model (arms may finish on different hosts: an H100's
+    ratio against an H200's baseline would measure the hosts, not the arms)."""
+    other = baseline_folder or self
+    speed, base = self.speed(arm), other.speed(baseline)
+    if not speed or not base or self.trained_on(arm) != other.trained_on(baseline):
       return None
     return speed / base
 

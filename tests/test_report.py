@@ -259,8 +259,9 @@ def test_whole_run_rate_beats_a_short_probe_when_arms_trained_alone(tmp_path, fo
 
 
 def test_speed_ratio_needs_the_baselines_gpu_model(tmp_path, folders):
-  """Arms of one folder finished on different GPU models: an arm's ratio to bf16 is n/a
-  unless it trained on bf16's GPU model, and the settings table names each arm's GPU."""
+  """Arms of one folder finished on different GPU models: an arm's ratio is never to a bf16
+  of another GPU model (here it falls back to seed 1's H200 bf16), and the settings table
+  names each arm's GPU."""
   seed0, seed1 = folders
   _write_json(seed0 / "provenance.json", [
       {"commit": "abc", "device": "NVIDIA H100 80GB HBM3", "concurrent_processes": 1,
@@ -271,11 +272,33 @@ def test_speed_ratio_needs_the_baselines_gpu_model(tmp_path, folders):
   rows = {(r["arm"], r["seed"]): r for r in table_rows(section(text, "Main table"))}
   assert rows[("nvidia_nvfp4", "seed 0")]["x bf16 tokens/s"] == "0.80x"
   assert rows[("tetrajet_v2", "seed 0")]["tokens/s"] == "800"  # its own speed stays
-  assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "n/a"
+  assert rows[("tetrajet_v2", "seed 0")]["x bf16 tokens/s"] == "0.80x (bf16 of seed 1)"  # seed 1: H200
   start = text.index("| arm | status")  # seed 0's settings table, up to the blank line after it
   settings = {r["arm"]: r for r in table_rows(text[start:text.index("\n\n", start)])}
   assert settings["tetrajet_v2"]["device"] == "NVIDIA H200"
   assert settings["bf16"]["device"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_speed_ratio_falls_back_to_another_seeds_bf16_on_the_same_gpu_model(tmp_path, folders):
+  """A repeat seed whose bf16 trained on another GPU model than its FP4 arm takes the
+  first other seed's bf16 from the arm's GPU model, and names it; with none, n/a."""
+  seed0, seed1 = folders
+  _write_json(seed0 / "provenance.json", [{"commit": "abc", "device": "NVIDIA H100 80GB HBM3",
+                                           "concurrent_processes": 1, "finished_arms": list(ARMS)}])
+  _write_json(seed0 / "bf16" / "final.json",
+              {**json.loads((seed0 / "bf16" / "final.json").read_text()), "tokens_per_s": 1600.0})
+  _write_json(seed1 / "provenance.json", [
+      {"commit": "def", "device": "NVIDIA H200", "concurrent_processes": 1, "finished_arms": ["bf16"]},
+      {"commit": "fed", "device": "NVIDIA H100 80GB HBM3", "concurrent_processes": 1,
+       "finished_arms": ["bf16", "tetrajet_v2_full"]}])
+  rows = {(r["arm"], r["seed"]): r for r in table_rows(section(run_report(tmp_path, [seed0, seed1]), "Main table"))}
+  assert rows[("tetrajet_v2_full", "seed 1")]["x bf16 tokens/s"] == "0.50x (bf16 of seed 0)"
+  assert rows[("tetrajet_v2_full", "seed 0")]["x bf16 tokens/s"] == "0.50x"  # its own folder's bf16
+  assert rows[("bf16", "seed 1")]["x bf16 tokens/s"] == "1.00x"
+  _write_json(seed0 / "provenance.json", [{"commit": "abc", "device": "NVIDIA H200",
+                                           "concurrent_processes": 1, "finished_arms": list(ARMS)}])
+  rows = {(r["arm"], r["seed"]): r for r in table_rows(section(run_report(tmp_path, [seed0, seed1]), "Main table"))}
+  assert rows[("tetrajet_v2_full", "seed 1")]["x bf16 tokens/s"] == "n/a"
 
 
 def test_provenance_names_the_quantizer_kernels_where_recorded(tmp_path, folders):
