@@ -526,11 +526,23 @@ def test_sr_probability_resolution_is_2_to_minus_16(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_bits_to_unit_is_the_cell_midpoint_for_every_bits_value(mode):
-  """(bits + 1/2) 2^-16 exactly, for all 2^16 values (float64 reference)."""
-  bits = np.arange(2**16, dtype=np.uint32)
-  got = np.asarray(run(nm.counter_rng.bits_to_unit, mode, jnp.asarray(bits)))
-  np.testing.assert_array_equal(got.astype(np.float64), (bits.astype(np.float64) + 0.5) / 2**16)
+def test_sr_decision_flips_exactly_at_every_threshold(mode):
+  """For every bits value b and every grid cell [lo, hi) below 6: at the threshold
+  lo + (b + 1/2) 2^-16 (hi - lo) (exact in float32) and one ulp below it the index
+  stays lo's, one ulp above it steps up (the rule's strict '<', for all 2^16 b)."""
+  grid = ref.E2M1_VALUES
+  b = np.arange(2**16, dtype=np.float64)
+  v, bits, want = [], [], []
+  for lo_i in range(7):
+    lo, gap = grid[lo_i], grid[lo_i + 1] - grid[lo_i]
+    thr = (lo + (b + 0.5) / 2**16 * gap).astype(np.float32)
+    assert np.array_equal(thr.astype(np.float64), lo + (b + 0.5) / 2**16 * gap)  # exact
+    for point, up in ((np.nextafter(thr, np.float32(0)), 0), (thr, 0), (np.nextafter(thr, np.float32(8)), 1)):
+      v.append(point)
+      bits.append(np.arange(2**16, dtype=np.uint32))
+      want.append(np.full(2**16, lo_i + up))
+  got = np.asarray(run(nm.e2m1.stochastic_index, mode, jnp.asarray(np.concatenate(v)), jnp.asarray(np.concatenate(bits))))
+  np.testing.assert_array_equal(got, np.concatenate(want))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -81,14 +81,4 @@ def element_bits(seed: jax.typing.ArrayLike, shape: tuple[int, ...]) -> jax.Arra
   return jnp.stack([low_bits(h), high_bits(h)], axis=-1).reshape(shape)  # element 2i low, 2i + 1 high
 
 
-def bits_to_unit(bits: jax.Array) -> jax.Array:
-  """(bits + 1/2) 2^-16 as float32 (exact), bits uint32 in [0, 2^16): the
-  midpoint of the bits' 2^-16 cell of [0, 1). Built from the float's bits (no
-  integer-to-float conversion, which Mosaic GPU kernels lack for uint32)."""
-  one_plus = lax.bitcast_convert_type((bits << (23 - SR_BITS)) | _u32(0x3F800000), jnp.float32)  # 1 + bits 2^-16
-  # One subtraction: the result has at most 17 significant bits, so it is exact (no rounding).
-  return one_plus - (1.0 - 2.0**-(SR_BITS + 1))
-
-
-__all__ = ["SR_BITS", "fmix32", "sr_seed", "row_keys", "pair_hash", "low_bits", "high_bits", "element_bits",
-           "bits_to_unit"]
+__all__ = ["SR_BITS", "fmix32", "sr_seed", "row_keys", "pair_hash", "low_bits", "high_bits", "element_bits"]

@@ -85,30 +85,31 @@ def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   With lo <= v < hi the neighbouring grid values and p = (v - lo) / (hi - lo),
   the index steps up iff (bits + 1/2) 2^-16 < p, so P(up) is p rounded to a
   multiple of 2^-16 (bias at most 2^-17 of the gap; a value on the grid, or
-  within 2^-17 of the gap above it, is kept). The test is written as one
-  compare of v against an exact threshold, lo + (bits + 1/2) 2^-16 gap (at
-  most 19 significant bits), so no rounding of v - lo and no fused
-  multiply-add can change a decision on any backend. Saturates at 6 (v >= 6
-  -> index 7); NaN -> 0. bits: uint32 in [0, 2^16) (counter_rng).
+  within 2^-17 of the gap above it, is kept). Saturates at 6 (v >= 6 ->
+  index 7); NaN -> 0. bits: uint32 in [0, 2^16) (counter_rng).
 
-  lo, its index and the gap come from v's float32 bits, not from a compare
-  per grid value (this runs once per element in the backward kernel): for
-  v >= 1 the grid below v is v with one mantissa bit kept, the gap is half
-  of v's power of two, and the index is (bits >> 22) - 252; below 1 the grid
-  is {0, 0.5} with gap 0.5. Selects and integer ops only (no boolean
-  arithmetic), so Mosaic GPU kernels call it too.
+  Exact on every backend, with no rounding a fused multiply-add could change
+  (this runs once per element in the backward kernel, so it is written in
+  few instructions):
+  - v >= 1: the grid keeps one mantissa bit, so p = f / 2^22 with f the 22
+    float bits below it, and the test f > 64 bits + 32 is a carry into the
+    kept bit: add 2^22 - 33 - 64 bits to v's bits and read the index off the
+    sum as nearest_index does ((bits >> 22) - 252, capped at 7).
+  - v < 1: the grid is {0, 0.5, 1}, so up iff v > lo + u / 2 with lo = 0 or
+    0.5 and u = (bits + 1/2) 2^-16: one compare against a threshold of at
+    most 18 significant bits (exact however it is computed).
+  Selects and integer ops only (no boolean arithmetic), so Mosaic GPU
+  kernels call it too.
   """
   t = lax.bitcast_convert_type(v, jnp.uint32)
-  big = v >= 1.0  # binades [1, 2), [2, 4), [4, 8) and up; False for NaN
+  carry = jnp.uint32((1 << 22) - 33) - (bits << 6)  # >= 31: no uint32 wrap
+  idx_big = _index_from_one_up(t + carry)
   half = v >= 0.5
-  lo_big = lax.bitcast_convert_type(t & jnp.uint32(0xFFC00000), jnp.float32)
-  gap_big = lax.bitcast_convert_type(t & jnp.uint32(0x7F800000), jnp.float32) * 0.5
-  idx_big = _index_from_one_up(t)
-  lo_idx = jnp.where(big, idx_big, jnp.where(half, 1, 0))
-  lo = jnp.where(big, lo_big, jnp.where(half, 0.5, 0.0))
-  gap = jnp.where(big, gap_big, 0.5)
-  threshold = lo + gap * counter_rng.bits_to_unit(bits)  # exact: lo is a multiple of gap
-  return jnp.minimum(jnp.where(v > threshold, lo_idx + 1, lo_idx), 7)
+  # lo + u / 2 from 1 + bits 2^-16 (no int-to-float conversion): 0.5 (1 + u) or u / 2.
+  one_plus = lax.bitcast_convert_type((bits << (23 - counter_rng.SR_BITS)) | jnp.uint32(0x3F800000), jnp.float32)
+  threshold = one_plus * 0.5 + jnp.where(half, 2.0**-18, -(0.5 - 2.0**-18))
+  idx_small = jnp.where(v > threshold, jnp.where(half, 2, 1), jnp.where(half, 1, 0))
+  return jnp.where(v >= 1.0, idx_big, idx_small)  # NaN fails both compares: 0
 
 
 def grid_value(idx: jax.Array) -> jax.Array:
