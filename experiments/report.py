@@ -34,7 +34,6 @@ A missing folder, arm or file gives "n/a" and is named in the page, never a cras
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -44,7 +43,8 @@ from experiments import plots, report_seeds
 from experiments.tables import fmt  # the runner's n/a-aware number format
 from experiments.tables import LATENT_HISTOGRAM, comparison, fmt_ratio, gap_closure, markdown_table
 from experiments.report_data import (ABLATION_ARMS, NOISE_MARGIN, SEED_NOISE_ARMS, ArmRun, RunFolder, SeedNoise,
-                                     in_units, late_mean, late_rebound, load_folders,
+                                     accuracy_standard_error, downstream_num_docs, downstream_tasks,
+                                     in_units, late_mean, late_rebound, load_folders, speed_ratio_on_its_gpu,
                                      loss_delta, loss_verdict, rebound_verdict, seed_noise, display,
                                      REPO_ROOT)
 
@@ -84,24 +84,6 @@ def _percent(v: float | None, spec: str = ".1f") -> str:
 def _span(values: list[int]) -> str:
   lo, hi = min(values), max(values)
   return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
-
-
-def _tasks(folders: list[RunFolder]) -> list[str]:
-  """Downstream tasks in the order the runner wrote them, over all folders."""
-  tasks: list[str] = []
-  for folder in folders:
-    for arm in folder.arms.values():
-      tasks += [t for t in arm.downstream if t not in tasks]
-  return tasks
-
-
-def _num_docs(arms: list[ArmRun]) -> list[int]:
-  return [task["num_docs"] for arm in arms for task in arm.downstream.values()]
-
-
-def accuracy_standard_error(num_docs: int) -> float:
-  """Binomial standard error of one task's accuracy at its worst (p = 0.5)."""
-  return math.sqrt(0.25 / num_docs)
 
 
 # Runs whose config has no ``t_max_steps`` predate the settings that follow the reference code
@@ -220,7 +202,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
 
 
 def main_table_section(folders: list[RunFolder]) -> list[str]:
-  tasks = _tasks(folders)
+  tasks = downstream_tasks(folders)
   out_header, out_rows = None, []
   for folder in folders:
     finals = {a: folder.arm(a).final or {"status": folder.arm(a).status} for a in folder.listed_arms}
@@ -231,7 +213,7 @@ def main_table_section(folders: list[RunFolder]) -> list[str]:
                       + [closure, _speed_cell(folder.speed(name), folder.arm(name).tokens_per_s),
                          _ratio_cell(folders, folder, name)])
     out_header = [header[0], "seed"] + header[1:] + ["x bf16 tokens/s"]
-  docs = _num_docs([arm for f in folders for arm in f.arms.values()])
+  docs = downstream_num_docs([arm for f in folders for arm in f.arms.values()])
   lines = ["## Main table", ""] + markdown_table(out_header, out_rows) + [""]
   lines.append("Final validation loss (nats/token), perplexity and bits per byte from final.json. Downstream: "
                "zero-shot accuracy, chance level in parentheses"
@@ -438,7 +420,7 @@ def _speed_claim(ref: RunFolder) -> str:
 def _downstream_claim(ref: RunFolder) -> str:
   accs = {a: sum(t["accuracy"] for t in ref.arm(a).downstream.values()) / len(ref.arm(a).downstream)
           for a in ref.listed_arms if ref.arm(a).downstream}
-  docs = _num_docs([ref.arm(a) for a in accs])
+  docs = downstream_num_docs([ref.arm(a) for a in accs])
   if accs and docs:
     spread, error = max(accs.values()) - min(accs.values()), accuracy_standard_error(min(docs))
     verdict = ("differences between arms are within the questions' sampling noise"
@@ -484,14 +466,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _ratio_cell(folders: list[RunFolder], folder: RunFolder, arm: str) -> str:
-  """`arm`'s tokens/s over bf16's on the same GPU model: its own folder's bf16, else another seed's."""
-  ratio = folder.speed_ratio(arm)
-  if ratio is not None or arm == "bf16":
-    return fmt_ratio(ratio)
-  for other in folders:
-    if other is not folder and (ratio := folder.speed_ratio(arm, baseline_folder=other)) is not None:
-      return f"{fmt_ratio(ratio)} (bf16 of {other.label})"
-  return fmt_ratio(None)
+  ratio, baseline = speed_ratio_on_its_gpu(folders, folder, arm)
+  return fmt_ratio(ratio) + (f" (bf16 of {baseline.label})" if baseline is not folder and ratio else "")
 
 
 def _speed_cell(alone: float | None, final: float | None) -> str:

@@ -326,3 +326,32 @@ def display(path: Path) -> str:
     return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
   except ValueError:
     return str(path)
+
+
+def speed_ratio_on_its_gpu(folders: list[RunFolder], folder: RunFolder, arm: str,
+                           baseline: str = "bf16") -> tuple[float | None, RunFolder | None]:
+  """`arm`'s speed over ``baseline``'s trained on the same GPU model, and the folder of that
+  baseline: ``folder``'s own, else the first other folder (seed) whose baseline trained there
+  (the model and step are the same; the seed changes only the numbers drawn). (None, None) if none."""
+  for other in [folder] + [f for f in folders if f is not folder]:
+    if (ratio := folder.speed_ratio(arm, baseline, baseline_folder=other)) is not None:
+      return ratio, other
+  return None, None
+
+
+def downstream_tasks(folders: list[RunFolder]) -> list[str]:
+  """Downstream tasks in the order the runner wrote them, over all folders."""
+  tasks: list[str] = []
+  for folder in folders:
+    for arm in folder.arms.values():
+      tasks += [t for t in arm.downstream if t not in tasks]
+  return tasks
+
+
+def downstream_num_docs(arms: list[ArmRun]) -> list[int]:
+  return [task["num_docs"] for arm in arms for task in arm.downstream.values()]
+
+
+def accuracy_standard_error(num_docs: int) -> float:
+  """Binomial standard error of one task's accuracy at its worst (p = 0.5)."""
+  return math.sqrt(0.25 / num_docs)

@@ -102,7 +102,8 @@ def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   kernels call it too.
   """
   t = lax.bitcast_convert_type(v, jnp.uint32)
-  carry = jnp.uint32((1 << 22) - 33) - (bits << 6)  # >= 31: no uint32 wrap
+  drop = 22 - counter_rng.SR_BITS  # the bits' place among the 22 mantissa bits below the kept one
+  carry = jnp.uint32((1 << 22) - (1 << (drop - 1)) - 1) - (bits << drop)  # >= 31: no uint32 wrap
   idx_big = _index_from_one_up(t + carry)
   half = v >= 0.5
   # lo + u / 2 from 1 + bits 2^-16 (no int-to-float conversion): 0.5 (1 + u) or u / 2.
