@@ -108,7 +108,8 @@ def stochastic_index(v: jax.Array, bits: jax.Array) -> jax.Array:
   half = v >= 0.5
   # lo + u / 2 from 1 + bits 2^-16 (no int-to-float conversion): 0.5 (1 + u) or u / 2.
   one_plus = lax.bitcast_convert_type((bits << (23 - counter_rng.SR_BITS)) | jnp.uint32(0x3F800000), jnp.float32)
-  threshold = one_plus * 0.5 + jnp.where(half, 2.0**-18, -(0.5 - 2.0**-18))
+  quarter_cell = 2.0 ** -(counter_rng.SR_BITS + 2)  # the midpoint's half cell, 2^-17, times the gap 1/2
+  threshold = one_plus * 0.5 + jnp.where(half, quarter_cell, -(0.5 - quarter_cell))
   idx_small = jnp.where(v > threshold, jnp.where(half, 2, 1), jnp.where(half, 1, 0))
   return jnp.where(v >= 1.0, idx_big, idx_small)  # NaN fails both compares: 0
 
