@@ -547,8 +547,8 @@ def test_sr_decision_flips_exactly_at_every_threshold(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sr_index_equals_the_float64_rule_around_every_grid_value(mode):
-  """stochastic_index reads lo, gap and the index off v's float bits; it must
-  give the float64 rule's index (numpy_reference.sr_codes) for every float32
+  """stochastic_index decides from v's float bits (a carry from 1 up, one compare
+  below 1); it must give the float64 rule's index (numpy_reference.sr_codes) for every float32
   within 300 ulps of each grid value, midpoint and binade edge, on random
   values up to 10, and on 0, 2^-126, huge, inf and NaN."""
   rng = np.random.default_rng(3)
