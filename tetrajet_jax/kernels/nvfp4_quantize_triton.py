@@ -96,6 +96,15 @@ def _as_float(bits: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _scaled_magnitude(x: jax.Array, recip: jax.Array, interpret: bool) -> jax.Array:
+  """flush_subnormal(|x|) r, the XLA path's element product; on the GPU as one flush-to-zero
+  product. That also flushes a subnormal product, which changes no index: RTN rounds it to 0, and
+  SR's lowest threshold is 2^-18. r itself is never subnormal: s <= FP32 max / 6, so r > 1.7e-38."""
+  if interpret:
+    return flush_subnormal(jnp.abs(x)) * recip
+  return _ptx_f32("abs.ftz.f32 $0, $1;\n\tmul.ftz.f32 $0, $0, $2;", x, recip)
+
+
 def _split_last(x: jax.Array) -> list[jax.Array]:
   """x [..., w] (w a power of two) as w tensors [...], element e of the last axis in entry e, by
   size-2 splits only (what Triton's split takes), each tensor in the layout of x's leading axes."""
@@ -139,17 +148,30 @@ def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
 def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int) -> list[jax.Array]:
   """The counter_rng hash of each element pair i of every inner block, 8 uint32 tensors of `shape`
   (blocks along block_axis, canonical rows along the other): the row's key, and the pair index
-  canonical column // 2 = 64 program_id(1) + 8 block + i. keys_ref: [bm] row keys, or [2, bm] keys
+  canonical column // 2 = 64 outer block + 8 block + i. keys_ref: [bm] row keys, or [2, bm] keys
   and each row's first pair index (the flat view of `_flat_rows`)."""
   rows_axis = 1 - block_axis
   first = (lax.broadcasted_iota(jnp.int32, shape, block_axis) * _PAIRS
-           + pl.program_id(1) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
+           + _outer_block_program(block_axis) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
   if len(keys_ref.shape) == 2:
     key = lax.broadcast_in_dim(keys_ref[0, :], shape, (rows_axis,))
     first = first + lax.broadcast_in_dim(keys_ref[1, :], shape, (rows_axis,))
   else:
     key = lax.broadcast_in_dim(keys_ref[...], shape, (rows_axis,))
   return [pair_hash(key, first + jnp.uint32(i)) for i in range(_PAIRS)]
+
+
+def _blocks_first(block_axis: int) -> bool:
+  """Whether the grid's first (fastest-launched) axis walks the outer blocks: so along the last
+  axis, where consecutive programs then read one stretch of the same rows (a [bm, 128] tile alone
+  covers only 256 bytes of each bf16 row); along the first axis the row tiles are adjacent columns
+  of x already."""
+  return block_axis == 1
+
+
+def _outer_block_program(block_axis: int) -> jax.Array:
+  """This program's outer block index along the quantized axis."""
+  return pl.program_id(0 if _blocks_first(block_axis) else 1)
 
 
 def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int):
@@ -173,10 +195,10 @@ def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, inte
   recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
   words = [jnp.zeros(shape, jnp.uint32) for _ in range(2)]
   for j, x in enumerate(xs):
-    v = flush_subnormal(jnp.abs(x)) * recip
+    v = _scaled_magnitude(x, recip, interpret)
     idx = nearest_index(v) if hashes is None else stochastic_index(v, (high_bits if j % 2 else low_bits)(hashes[j // 2]))
     code = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx).astype(jnp.uint32)
-    words[j // 8] = words[j // 8] | (code << jnp.uint32(4 * (j % 8)))
+    words[j // 8] = words[j // 8] + (code << jnp.uint32(4 * (j % 8)))  # disjoint nibbles: + is |, one LEA
   return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out
 
 
@@ -203,29 +225,38 @@ def _columns_kernel(x_ref, signs_ref, *refs, stochastic: bool, interpret: bool):
   codes_ref[...], s_in_ref[...], s_out_ref[...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
 
 
-def _quantizer_call(kernel, x_view, tile: pl.BlockSpec, signs_16, keys, rows: int, k: int, *, block_rows: int,
-                    num_warps: int, interpret: bool, name: str):
-  """The quantizer grid over tiles of [block_rows canonical rows, 128] (program (i, j): rows block
-  i, outer block j): codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales
-  [rows, k/128]. keys: None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two
-  uint32 code words per inner block."""
-  in_specs, args = [tile], [x_view]
+def _quantizer_call(kernel, x_view, tile_shape: tuple[int, ...], tile_index, block_axis: int, signs_16, keys,
+                    rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str):
+  """The quantizer grid over tiles of [block_rows canonical rows, 128] (tile (i, j): rows block i,
+  outer block j; tile_index(i, j) is x_view's block index, and `_blocks_first` orders the grid):
+  codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]. keys:
+  None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two uint32 code words per
+  inner block."""
+  kb = k // OUTER_BLOCK
+  if _blocks_first(block_axis):
+    grid, tile_of = (kb, rows // block_rows), lambda index: lambda j, i: index(i, j)
+  else:
+    grid, tile_of = (rows // block_rows, kb), lambda index: index
+
+  def spec(shape, index):
+    return pl.BlockSpec(shape, tile_of(index))
+
+  in_specs, args = [spec(tile_shape, tile_index)], [x_view]
   if signs_16 is not None:
-    in_specs.append(pl.BlockSpec((INNER_BLOCK,), lambda i, j: (0,)))
+    in_specs.append(spec((INNER_BLOCK,), lambda i, j: (0,)))
     args.append(signs_16)
   if keys is not None:
-    in_specs.append(pl.BlockSpec((block_rows,), lambda i, j: (i,)) if keys.ndim == 1
-                    else pl.BlockSpec((2, block_rows), lambda i, j: (0, i)))
+    in_specs.append(spec((block_rows,), lambda i, j: (i,)) if keys.ndim == 1
+                    else spec((2, block_rows), lambda i, j: (0, i)))
     args.append(keys)
-  kb = k // OUTER_BLOCK
   words, s_in, s_out = pl.pallas_call(
       kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
                          jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
                          jax.ShapeDtypeStruct((rows, kb), jnp.float32)),
-      grid=(rows // block_rows, kb), in_specs=in_specs,
-      out_specs=[pl.BlockSpec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0)),
-                 pl.BlockSpec((block_rows, _BLOCKS), lambda i, j: (i, j)),
-                 pl.BlockSpec((block_rows, 1), lambda i, j: (i, j))],
+      grid=grid, in_specs=in_specs,
+      out_specs=[spec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0)),
+                 spec((block_rows, _BLOCKS), lambda i, j: (i, j)),
+                 spec((block_rows, 1), lambda i, j: (i, j))],
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name=name,
   )(*args)
@@ -345,16 +376,16 @@ def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, 
               name="nvfp4_backward_triton" if rht else "nvfp4_rtn_triton")
   if axis == 1:
     rows, k = shape
-    tile = pl.BlockSpec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))
+    tile = (block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0)
     kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret)
     x_view = x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
     k, rows = x.shape
-    tile = pl.BlockSpec((_BLOCKS, INNER_BLOCK, block_rows), lambda i, j: (j, 0, i))
+    tile = (_BLOCKS, INNER_BLOCK, block_rows), lambda i, j: (j, 0, i)
     kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret)
     x_view = x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows)
-  return _tensor(_quantizer_call(kernel, x_view, tile, signs_16, keys, rows, k, **opts), shape, axis)
+  return _tensor(_quantizer_call(kernel, x_view, *tile, axis, signs_16, keys, rows, k, **opts), shape, axis)
 
 
 def can_use_triton_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block_rows: int = 32) -> bool:
