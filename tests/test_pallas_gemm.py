@@ -11,6 +11,8 @@ pipeline simulated) at small shapes; `gpu`: compiled on the H200.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,7 @@ from tetrajet_jax.kernels.nvfp4_gemm import gemm_k_splits
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
+PAIRED = dataclasses.replace(SMALL, cluster_m=True)  # 2-CTA clusters sharing B tiles
 
 
 def operands(rng, m, k, n, scaling="block"):
@@ -123,7 +126,7 @@ def test_gemm_extra_chunks_join_the_sum_interpret(rng, n_extra):
 
 def test_gemm_rejects_bad_operands(rng):
   a, b = operands(rng, 128, 128, 128)
-  with pytest.raises(ValueError, match="multiples of the CTA tile"):
+  with pytest.raises(ValueError, match=r"multiples of \(256, 128\), the CTA tile"):
     nvfp4_gemm(a, b, config=GemmConfig(tile_m=256, tile_n=64), interpret=True)
   a3 = quantize_nvfp4(jnp.ones((128, 256)), axis=-1)
   with pytest.raises(ValueError, match="padded K differs"):
@@ -146,6 +149,39 @@ def test_gemm_axis0_operand_is_the_transpose_interpret(rng):
   assert rel_err(out, reference64(a, b)) < 1e-5
 
 
+@pytest.mark.parametrize("k_splits", [1, 2])
+def test_gemm_cta_pairs_interpret(rng, k_splits):
+  """CTA pairs that share each B tile through one multicast load (cluster_m): the same product, each
+  CTA of a pair on its own rows of A; a pair that computed the same rows twice, or took the other
+  CTA's scales, would be off by order 1."""
+  a, b = operands(rng, 256, 512, 128)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=PAIRED, k_splits=k_splits, interpret=True)
+  assert rel_err(out, reference64(a, b)) < 1e-5
+
+
+def test_gemm_cta_pairs_need_rows_for_both():
+  """M must cover whole pairs of row tiles: a typed error before any compute, and can_use says no."""
+  a, b = operands(np.random.default_rng(1), 64, 256, 128)
+  with pytest.raises(ValueError, match=r"multiples of \(128, 128\)"):
+    nvfp4_gemm(a, b, config=PAIRED, interpret=True)
+  with _platform.assume_hopper(132):
+    assert can_use_pallas_gemm(64, 128, 256, config=SMALL)
+    assert not can_use_pallas_gemm(64, 128, 256, config=PAIRED)
+    assert can_use_pallas_gemm(128, 128, 256, config=PAIRED)
+
+
+@pytest.mark.parametrize("config", [GemmConfig(), GemmConfig(cluster_m=True)], ids=["single", "pairs"])
+def test_gemm_lowers_for_hopper(config):
+  """The kernel lowers to a Mosaic GPU module for an sm_90 target (the multicast specs of a CTA pair
+  included), on a host without a GPU."""
+  spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  with _platform.assume_hopper(132):
+    f = jax.jit(lambda a, sa, b, sb: block_scaled_bf16_gemm(a, sa, b, sb, config=config, k_splits=1))
+    text = f.trace(spec(1024, 512), spec(1024, 4, dtype=jnp.float32), spec(512, 512),
+                   spec(512, 4, dtype=jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
 def test_can_use_pallas_gemm_shapes():
   if jax.default_backend() != "gpu":
     assert not can_use_pallas_gemm(8192, 8192, 8192)
@@ -154,13 +190,14 @@ def test_can_use_pallas_gemm_shapes():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [GemmConfig(), GemmConfig(cluster_m=True)], ids=["single", "pairs"])
 @pytest.mark.parametrize("mkn", [(2048, 1024, 3072), (1024, 4096, 1024), (4096, 2048, 8192)])
-def test_gemm_matches_reference_gpu(rng, mkn):
+def test_gemm_matches_reference_gpu(rng, mkn, config):
   m, k, n = mkn
   a, b = operands(rng, m, k, n)
-  out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32))(a, b)
+  out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32, config=config))(a, b)
   assert rel_err(out, reference64(a, b)) < 1e-5
-  assert can_use_pallas_gemm(m, n, k) and can_use_nvfp4_gemm(a, b)
+  assert can_use_pallas_gemm(m, n, k, config=config) and can_use_nvfp4_gemm(a, b, config=config)
 
 
 @pytest.mark.gpu

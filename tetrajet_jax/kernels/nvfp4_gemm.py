@@ -49,6 +49,10 @@ class GemmConfig:
     epi_tile_m, epi_tile_n: epilogue sub-tile written through SMEM per TMA store.
     grid_tile_width: width of the planar snake over output tiles (L2 reuse).
     out_slots: epilogue SMEM buffers per warpgroup (2 overlaps TMA stores).
+    cluster_m: run CTAs in pairs (a 2-CTA cluster) on vertically adjacent output
+      tiles, which share every B tile and its scales: one TMA load multicast to
+      both, so each CTA fetches 3/4 of the operand bytes per K chunk of a lone
+      CTA (M must then be a multiple of 2 tile_m).
   """
 
   tile_m: int = 128
@@ -58,6 +62,7 @@ class GemmConfig:
   epi_tile_m: int = 64
   epi_tile_n: int = 64
   grid_tile_width: int = 8
+  cluster_m: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or self.tile_n % 64:
@@ -79,6 +84,15 @@ class GemmConfig:
   def cta_tile_n(self) -> int:
     return 2 * self.tile_n  # two compute warpgroups side by side along N
 
+  @property
+  def cluster_size(self) -> int:
+    return 2 if self.cluster_m else 1
+
+  @property
+  def rows_multiple(self) -> int:
+    """What M must be a multiple of: the output rows one cluster covers."""
+    return self.cluster_size * self.cta_tile_m
+
   def smem_bytes(self, out_itemsize: int = 2) -> int:
     stage = (self.cta_tile_m + self.cta_tile_n) * CHUNK_K * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
     out = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_itemsize
@@ -98,10 +112,11 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   out_dtype = out_gmem.dtype
   tm, tn = cfg.tile_m, cfg.tile_n
   cta_m, cta_n = cfg.cta_tile_m, cfg.cta_tile_n
-  m_iters, n_iters = m // cta_m, n // cta_n
+  m_iters, n_iters = m // cfg.rows_multiple, n // cta_n  # output tiles of one cluster
   k_iters = kp // CHUNK_K // k_splits  # K chunks per work item
   epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
   ab_transforms = _platform.swizzled(jnp.bfloat16, CHUNK_K)
+  shared_b = ("cluster",) if cfg.cluster_m else ()  # B tiles multicast to both CTAs of a cluster
 
   def get_pipeline(body, compute_context):
     return plgpu.emit_pipeline_warp_specialized(
@@ -112,9 +127,9 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
             plgpu.BlockSpec((cta_m, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
                             memory_space=plgpu.SMEM),
             plgpu.BlockSpec((cta_n, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
-                            memory_space=plgpu.SMEM),
+                            memory_space=plgpu.SMEM, collective_axes=shared_b),
             plgpu.BlockSpec((1, cta_m), lambda k: (k, 0), memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((1, cta_n), lambda k: (k, 0), memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((1, cta_n), lambda k: (k, 0), memory_space=plgpu.SMEM, collective_axes=shared_b),
         ],
         wg_axis="wg",
         num_compute_wgs=2,
@@ -133,11 +148,12 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   def _scope(allocs, out_smem):
     wg = lax.axis_index("wg")
 
-    @plgpu.nd_loop((m_iters * n_iters * k_splits,), collective_axes="sm")
+    @plgpu.nd_loop((m_iters * n_iters * k_splits,), collective_axes="cluster_grid")
     def _tile_loop(info: plgpu.NDLoopInfo):
       (lin,) = info.index
       split, tile = lin // (m_iters * n_iters), lax.rem(lin, m_iters * n_iters)
       mi, ni = plgpu.planar_snake(tile, (m_iters, n_iters), 1, cfg.grid_tile_width)
+      mi = mi * cfg.cluster_size + lax.axis_index("cluster")
       k_sl = pl.ds(split * k_iters * CHUNK_K, k_iters * CHUNK_K)
       chunk_sl = pl.ds(split * k_iters, k_iters)
       cta_m_sl = pl.ds(mi * cta_m, cta_m)
@@ -193,9 +209,10 @@ def _check_operands(a_qs, a_so, b_qs, b_so, cfg: GemmConfig, name: str):
   if a_so.shape != (m, kp // CHUNK_K) or b_so.shape != (n, kp // CHUNK_K):
     raise ValueError(f"{name}: outer scales must be [M, Kp/128]={(m, kp // CHUNK_K)} and "
                      f"[N, Kp/128]={(n, kp // CHUNK_K)}, got {a_so.shape} and {b_so.shape}.")
-  if m % cfg.cta_tile_m or n % cfg.cta_tile_n:
-    raise ValueError(f"{name}: M={m}, N={n} must be multiples of the CTA tile ({cfg.cta_tile_m}, "
-                     f"{cfg.cta_tile_n}); pad them or use the XLA path (can_use_pallas_gemm says which).")
+  if m % cfg.rows_multiple or n % cfg.cta_tile_n:
+    raise ValueError(f"{name}: M={m}, N={n} must be multiples of ({cfg.rows_multiple}, {cfg.cta_tile_n}), the CTA "
+                     "tile (its rows times the CTAs of a cluster); pad them or use the XLA path "
+                     "(can_use_pallas_gemm says which).")
   if cfg.smem_bytes() > _SMEM_BYTES:
     raise ValueError(f"{name}: config {cfg} needs {cfg.smem_bytes()} bytes of SMEM (> {_SMEM_BYTES}); "
                      "lower max_concurrent_steps or the tiles.")
@@ -254,8 +271,10 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
   kernel = plgpu.kernel(
       functools.partial(_gemm_kernel, cfg=config, k_splits=k_splits),
       out_type=jax.ShapeDtypeStruct((k_splits, m, n), part_dtype),
-      grid=(_platform.num_sms(interpret),),
-      grid_names=("sm",),
+      grid=(_platform.num_sms(interpret) // config.cluster_size,),
+      grid_names=("cluster_grid",),
+      cluster=(config.cluster_size,),
+      cluster_names=("cluster",),
       num_threads=3,
       thread_name="wg",
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
@@ -268,7 +287,7 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
 
 def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
   """True when the Pallas GEMM runs here (Hopper GPU) for [M, Kp] x [N, Kp]; else use XLA."""
-  return (_platform.hopper_available() and m % config.cta_tile_m == 0 and n % config.cta_tile_n == 0
+  return (_platform.hopper_available() and m % config.rows_multiple == 0 and n % config.cta_tile_n == 0
           and kp % CHUNK_K == 0 and kp > 0 and config.smem_bytes() <= _SMEM_BYTES)
 
 
