@@ -3,7 +3,7 @@
 Why a generator: a results page typed by hand drifts from the measurements
 and invites numbers nobody can trace. This module reads only the raw files
 of the ablation's results folders (`experiments/ablation.py`) that are
-committed under ``experiments/results/h200_20m/`` and writes every number of
+committed under ``experiments/results/<set>/seed<N>/`` and writes every number of
 RESULTS.md, and its figures, from them. The only numbers it does not read
 from those files are the paper's reference figures (the ``PAPER_*``
 constants). The Discussion's statements come from explicit rules
@@ -48,7 +48,7 @@ from experiments.report_data import (ABLATION_ARMS, NOISE_MARGIN, SEED_NOISE_ARM
                                      loss_delta, loss_verdict, rebound_verdict, seed_noise, display,
                                      REPO_ROOT)
 
-DEFAULT_RUNS = (REPO_ROOT / "experiments/results/h200_20m/seed0", REPO_ROOT / "experiments/results/h200_20m/seed1")
+DEFAULT_RUNS = tuple(REPO_ROOT / f"experiments/results/stage1_20m/seed{s}" for s in range(3))
 DEFAULT_OUT = REPO_ROOT / "docs/RESULTS.md"
 DEFAULT_FIGURES = REPO_ROOT / "docs/results"
 

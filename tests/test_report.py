@@ -391,3 +391,13 @@ def test_across_seeds_with_one_seed_per_claim_is_unresolved(tmp_path, folders):
   assert "±" not in arms["nvidia_nvfp4"]["val loss"]  # one seed: no spread
   assert " Over " not in section(run_report(tmp_path, folders), "Discussion")  # no verdict over one seed
 
+
+
+def test_committed_results_page_is_rendered_from_the_committed_raw_files(tmp_path):
+  """docs/RESULTS.md is what `python -m experiments.report` writes from the committed results folders
+  today: a raw file or report change without a regenerated page fails here."""
+  committed = report.REPO_ROOT / "docs" / "RESULTS.md"
+  out = tmp_path / "docs" / "RESULTS.md"
+  text = report.render(report.load_folders(list(report.DEFAULT_RUNS)), command="python -m experiments.report",
+                       out=out, figures=tmp_path / "docs" / "results")
+  assert text == committed.read_text(encoding="utf-8"), "docs/RESULTS.md is stale: re-run `python -m experiments.report`"
