@@ -26,6 +26,11 @@ from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
 PAIRED = dataclasses.replace(SMALL, cluster_m=True)  # 2-CTA clusters sharing B tiles
+HALF_STEPS = dataclasses.replace(SMALL, k_step=64, max_concurrent_steps=4)  # two pipeline steps per chunk
+# The tilings beside the default that the kernel bench times on the GPU.
+GPU_CONFIGS = {"single": GemmConfig(), "pairs": GemmConfig(cluster_m=True),
+               "half_steps": GemmConfig(k_step=64, max_concurrent_steps=4),
+               "half_steps_pairs": GemmConfig(k_step=64, max_concurrent_steps=4, cluster_m=True)}
 
 
 def operands(rng, m, k, n, scaling="block"):
@@ -137,6 +142,8 @@ def test_gemm_rejects_bad_operands(rng):
     block_scaled_bf16_gemm(jnp.ones((128, 128)), 1.0, jnp.ones((128, 128)), 1.0, config=SMALL, interpret=True)
   with pytest.raises(ValueError, match="multiples of 64"):
     GemmConfig(tile_m=96)
+  with pytest.raises(ValueError, match="k_step=32 must be 128 or 64"):
+    GemmConfig(k_step=32)
 
 
 def test_gemm_axis0_operand_is_the_transpose_interpret(rng):
@@ -150,12 +157,15 @@ def test_gemm_axis0_operand_is_the_transpose_interpret(rng):
 
 
 @pytest.mark.parametrize("k_splits", [1, 2])
-def test_gemm_cta_pairs_interpret(rng, k_splits):
-  """CTA pairs that share each B tile through one multicast load (cluster_m): the same product, each
-  CTA of a pair on its own rows of A; a pair that computed the same rows twice, or took the other
-  CTA's scales, would be off by order 1."""
+@pytest.mark.parametrize("config", [PAIRED, HALF_STEPS, dataclasses.replace(HALF_STEPS, cluster_m=True)],
+                         ids=["pairs", "half_steps", "both"])
+def test_gemm_tilings_interpret(rng, config, k_splits):
+  """CTA pairs that share each B tile through one multicast load (cluster_m), and 64-wide K steps
+  (two per promotion chunk): the same product. A pair that computed the same rows twice or took
+  the other CTA's scales, or a half step promoted with the next chunk's scales, would be off by
+  order 1 (the operands' outer scales differ by e^+-6 between chunks)."""
   a, b = operands(rng, 256, 512, 128)
-  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=PAIRED, k_splits=k_splits, interpret=True)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=config, k_splits=k_splits, interpret=True)
   assert rel_err(out, reference64(a, b)) < 1e-5
 
 
@@ -170,11 +180,13 @@ def test_gemm_cta_pairs_need_rows_for_both():
     assert can_use_pallas_gemm(128, 128, 256, config=PAIRED)
 
 
-@pytest.mark.parametrize("config", [GemmConfig(), GemmConfig(cluster_m=True)], ids=["single", "pairs"])
-def test_gemm_lowers_for_hopper(config):
+@pytest.mark.parametrize("name", list(GPU_CONFIGS))
+def test_gemm_lowers_for_hopper(name):
   """The kernel lowers to a Mosaic GPU module for an sm_90 target (the multicast specs of a CTA pair
   included), on a host without a GPU."""
   spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+  config = GPU_CONFIGS[name]
+  assert config.smem_bytes() <= 227 * 1024
   with _platform.assume_hopper(132):
     f = jax.jit(lambda a, sa, b, sb: block_scaled_bf16_gemm(a, sa, b, sb, config=config, k_splits=1))
     text = f.trace(spec(1024, 512), spec(1024, 4, dtype=jnp.float32), spec(512, 512),
@@ -190,10 +202,11 @@ def test_can_use_pallas_gemm_shapes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [GemmConfig(), GemmConfig(cluster_m=True)], ids=["single", "pairs"])
+@pytest.mark.parametrize("name", list(GPU_CONFIGS))
 @pytest.mark.parametrize("mkn", [(2048, 1024, 3072), (1024, 4096, 1024), (4096, 2048, 8192)])
-def test_gemm_matches_reference_gpu(rng, mkn, config):
+def test_gemm_matches_reference_gpu(rng, mkn, name):
   m, k, n = mkn
+  config = GPU_CONFIGS[name]
   a, b = operands(rng, m, k, n)
   out = jax.jit(lambda a, b: nvfp4_gemm(a, b, out_dtype=jnp.float32, config=config))(a, b)
   assert rel_err(out, reference64(a, b)) < 1e-5

@@ -23,6 +23,8 @@ GEMM_CONFIGS = {  # each fits the 227 KiB SMEM limit with the measured ~34 KiB o
     "t64x64_s3": GemmConfig(tile_m=64, tile_n=64, max_concurrent_steps=3),
     "t64x128_s2_o1": GemmConfig(tile_m=64, tile_n=128, max_concurrent_steps=2, out_slots=1),
     "t128x64_s2_pairs": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=2, cluster_m=True),
+    "t128x64_k64_s4": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=4, k_step=64),
+    "t128x64_k64_s4_pairs": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=4, k_step=64, cluster_m=True),
 }
 def _gemm_operands(m, k, n, seed=0):
   ka, kb = jax.random.split(jax.random.key(seed))

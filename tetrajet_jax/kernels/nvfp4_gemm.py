@@ -45,7 +45,11 @@ class GemmConfig:
   Attributes:
     tile_m: rows of the output tile of one compute warpgroup (multiple of 64).
     tile_n: columns of the output tile of one compute warpgroup (multiple of 64).
-    max_concurrent_steps: TMA pipeline depth (K chunks in flight).
+    max_concurrent_steps: TMA pipeline depth (K steps in flight).
+    k_step: K elements per pipeline step: 128 (one chunk, promoted once) or 64
+      (half a chunk: twice the steps in flight for the same SMEM, each step's
+      partial promoted with its chunk's scales, which changes only the FP32
+      summation order).
     epi_tile_m, epi_tile_n: epilogue sub-tile written through SMEM per TMA store.
     grid_tile_width: width of the planar snake over output tiles (L2 reuse).
     out_slots: epilogue SMEM buffers per warpgroup (2 overlaps TMA stores).
@@ -63,6 +67,7 @@ class GemmConfig:
   epi_tile_n: int = 64
   grid_tile_width: int = 8
   cluster_m: bool = False
+  k_step: int = CHUNK_K
 
   def __post_init__(self):
     if self.tile_m % 64 or self.tile_n % 64:
@@ -73,6 +78,9 @@ class GemmConfig:
                        f"the warpgroup tile ({self.tile_m}, {self.tile_n}).")
     if self.out_slots not in (1, 2):
       raise ValueError(f"GemmConfig: out_slots={self.out_slots} must be 1 or 2.")
+    if self.k_step not in (CHUNK_K, CHUNK_K // 2):
+      raise ValueError(f"GemmConfig: k_step={self.k_step} must be {CHUNK_K} or {CHUNK_K // 2} (a promotion chunk or "
+                       "half of one).")
     if self.max_concurrent_steps < 1:
       raise ValueError(f"GemmConfig: max_concurrent_steps={self.max_concurrent_steps} must be >= 1.")
 
@@ -94,7 +102,7 @@ class GemmConfig:
     return self.cluster_size * self.cta_tile_m
 
   def smem_bytes(self, out_itemsize: int = 2) -> int:
-    stage = (self.cta_tile_m + self.cta_tile_n) * CHUNK_K * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
+    stage = (self.cta_tile_m + self.cta_tile_n) * self.k_step * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
     out = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_itemsize
     # Measured on the H200 (run 1, notes/kernels.md): Mosaic allocates ~33 KiB
     # more than the buffers above (pipeline/barrier/alignment scratch).
@@ -114,22 +122,24 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   cta_m, cta_n = cfg.cta_tile_m, cfg.cta_tile_n
   m_iters, n_iters = m // cfg.rows_multiple, n // cta_n  # output tiles of one cluster
   k_iters = kp // CHUNK_K // k_splits  # K chunks per work item
+  steps_per_chunk = CHUNK_K // cfg.k_step
   epi_m, epi_n = cfg.epi_tile_m, cfg.epi_tile_n
-  ab_transforms = _platform.swizzled(jnp.bfloat16, CHUNK_K)
+  ab_transforms = _platform.swizzled(jnp.bfloat16, cfg.k_step)
   shared_b = ("cluster",) if cfg.cluster_m else ()  # B tiles multicast to both CTAs of a cluster
 
   def get_pipeline(body, compute_context):
     return plgpu.emit_pipeline_warp_specialized(
         body,
-        grid=(k_iters,),
+        grid=(k_iters * steps_per_chunk,),
         memory_registers=40,
         in_specs=[
-            plgpu.BlockSpec((cta_m, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
+            plgpu.BlockSpec((cta_m, cfg.k_step), lambda k: (0, k), transforms=ab_transforms,
                             memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((cta_n, CHUNK_K), lambda k: (0, k), transforms=ab_transforms,
+            plgpu.BlockSpec((cta_n, cfg.k_step), lambda k: (0, k), transforms=ab_transforms,
                             memory_space=plgpu.SMEM, collective_axes=shared_b),
-            plgpu.BlockSpec((1, cta_m), lambda k: (k, 0), memory_space=plgpu.SMEM),
-            plgpu.BlockSpec((1, cta_n), lambda k: (k, 0), memory_space=plgpu.SMEM, collective_axes=shared_b),
+            plgpu.BlockSpec((1, cta_m), lambda k: (k // steps_per_chunk, 0), memory_space=plgpu.SMEM),
+            plgpu.BlockSpec((1, cta_n), lambda k: (k // steps_per_chunk, 0), memory_space=plgpu.SMEM,
+                            collective_axes=shared_b),
         ],
         wg_axis="wg",
         num_compute_wgs=2,
@@ -180,7 +190,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
       def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, acc):
         def mma(acc_ref):
           plgpu.wgmma(acc_ref, a_smem, b_smem.at[wg_n_sl].transpose((1, 0)))
-          return acc_ref[...]  # waits for this chunk's wgmma
+          return acc_ref[...]  # waits for this step's wgmma
         part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
         sa = plgpu.load(sa_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
         sb = plgpu.load(sb_smem.at[0, wg_n_sl], layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
