@@ -392,7 +392,6 @@ def test_across_seeds_with_one_seed_per_claim_is_unresolved(tmp_path, folders):
   assert " Over " not in section(run_report(tmp_path, folders), "Discussion")  # no verdict over one seed
 
 
-
 def test_committed_results_page_is_rendered_from_the_committed_raw_files(tmp_path):
   """docs/RESULTS.md is what `python -m experiments.report` writes from the committed results folders
   today: a raw file or report change without a regenerated page fails here."""
