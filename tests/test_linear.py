@@ -578,16 +578,16 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
   """With TETRAJET_QUANTIZER_KERNELS=triton (here: the module setting), every block-scaled
   quantizer of a TetraJet-v2 layer runs on the Triton kernels (interpreted; GEMMs on XLA): Q1
   along K (OutControl's 115 FP4 channels zero-padded to 128), Q2 of the weights in the flat view,
-  Q3..Q6 with RHT + SR (Q4, of the weights, in the flat view). Their RHT is the XLA butterfly's
-  operations in order, so y, dX and dW equal the XLA path's bit for bit, and every kernel was
-  called. With triton_rtn,
-  Q1 and Q2 run on Triton and the RHT + SR quantizers on the Mosaic kernel."""
+  Q3..Q5 with RHT + SR (Q4, of the weights, in the flat view), and Q6 read from Q1's codes (no
+  float32 X_hat). Their RHT is the XLA butterfly's operations in order, so y, dX and dW equal the
+  XLA path's bit for bit, and every kernel was called. With triton_rtn,
+  Q1 and Q2 run on Triton and the RHT + SR quantizers (Q6 of X_hat) on the Mosaic kernel."""
   from tetrajet_jax.kernels import _flat_rows, _platform  # noqa: PLC0415
 
   monkeypatch.setattr(_flat_rows, "MIN_BUCKET_ROWS", 64)  # the default bucket is slow to interpret
   calls = record_kernel_calls(
       monkeypatch, ["quantize_nvfp4_rtn", "quantize_nvfp4_rtn_triton", "quantize_nvfp4_backward",
-                    "quantize_nvfp4_backward_triton"],
+                    "quantize_nvfp4_backward_triton", "requantize_nvfp4_backward_triton"],
       lambda name, args, kwargs: (name, kwargs.get("axis"), kwargs.get("flat_rows", False)))
   monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", setting)
   recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_{setting}_{outcontrol}")
@@ -600,10 +600,15 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
   xla = jax.jit(lambda k: grads(recipe, x, w, dy, k, backend="xla", outlier_idx=outliers))(key)
   for what, a, b in zip(("y", "dx", "dw"), fused, xla):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=what)
-  backward = "quantize_nvfp4_backward_triton" if setting == "triton" else "quantize_nvfp4_backward"
-  assert {c[0] for c in calls} == {"quantize_nvfp4_rtn_triton", backward}
+  triton = setting == "triton"
+  backward = "quantize_nvfp4_backward_triton" if triton else "quantize_nvfp4_backward"
+  assert {c[0] for c in calls} == {"quantize_nvfp4_rtn_triton", backward} | (
+      {"requantize_nvfp4_backward_triton"} if triton else set())
   assert {c[2] for c in calls if c[0] == "quantize_nvfp4_rtn_triton"} == {False, True}  # Q1; Q2 flat
   assert {c[1:] for c in calls if c[0] == backward} == {(-1, False), (-1, True), (0, False)}  # Q4 flat
+  if triton:  # Q5 along M from dY; Q6 only from the codes
+    assert sum(c[0] == backward and c[1] == 0 for c in calls) == sum(
+        c[0] == "requantize_nvfp4_backward_triton" for c in calls)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",

@@ -22,8 +22,9 @@ import pytest
 from tests.test_pallas_quantize import assert_reference, assert_same_tensor, hard_input
 from tetrajet_jax.kernels import _flat_rows, _platform
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward_reference
-from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton
-from tetrajet_jax.numerics import hadamard_signs, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.kernels.nvfp4_quantize_triton import (quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton,
+                                                        requantize_nvfp4_backward_triton)
+from tetrajet_jax.numerics import dequantize_nvfp4_canonical, hadamard_signs, quantize_nvfp4, random_hadamard_16
 from tetrajet_jax.numerics.counter_rng import sr_seed
 
 
@@ -78,6 +79,38 @@ def test_backward_triton_bitwise_interpret(rng, key, dtype, axis, stochastic):
   assert_same_tensor(t, _backward_want(x, rht_key, sr_key, axis, stochastic))
 
 
+@pytest.mark.parametrize("rows", [256, 200])
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_requantize_from_codes_bitwise_interpret(rng, key, stochastic, rows):
+  """Q6 read from Q1's codes and scales (X_hat never in memory) is the backward quantizer of the
+  dequantized X_hat along tokens, and so the XLA path, bit for bit: NaN/Inf blocks (NaN X_hat),
+  subnormal and zero blocks, and a crop of the rows to a count that is not a multiple of 128."""
+  x = _edge_input(rng, (256, 256), jnp.bfloat16)
+  t = quantize_nvfp4(x, axis=-1)
+  x_hat = dequantize_nvfp4_canonical(t)[:rows]
+  rht_key, sr_key = jax.random.split(key)
+  seed = sr_seed(sr_key) if stochastic else None
+  got = requantize_nvfp4_backward_triton(t, hadamard_signs(rht_key), seed, rows=rows, block_rows=16, interpret=True)
+  assert got.shape == (rows, 256) and got.axis == 0
+  assert_same_tensor(got, quantize_nvfp4_backward_triton(x_hat, hadamard_signs(rht_key), seed, axis=0,
+                                                         block_rows=16, interpret=True))
+  assert_same_tensor(got, _backward_want(x_hat, rht_key, sr_key, 0, stochastic))
+
+
+def test_requantize_from_codes_bad_input(key):
+  t = quantize_nvfp4(jnp.ones((64, 128)), axis=-1)
+  signs = hadamard_signs(key)
+  with pytest.raises(ValueError, match="rows=65 must be in"):
+    requantize_nvfp4_backward_triton(t, signs, None, rows=65, interpret=True)
+  with pytest.raises(ValueError, match="1x16 blocks"):
+    requantize_nvfp4_backward_triton(quantize_nvfp4(jnp.ones((64, 128)), block_2d=True), signs, None, rows=64)
+  with pytest.raises(ValueError, match="signs_16 must have shape"):
+    requantize_nvfp4_backward_triton(t, signs[:8], None, rows=64, interpret=True)
+  with pytest.raises(ValueError, match="block_rows=256 must be between 16 and 128"):
+    requantize_nvfp4_backward_triton(quantize_nvfp4(jnp.ones((64, 256)), axis=-1), signs, None, rows=64,
+                                     block_rows=256, interpret=True)
+
+
 def test_backward_triton_seed_selects_the_bits_interpret(rng, key):
   x = hard_input(rng, (32, 256), jnp.float32)
   signs = hadamard_signs(key)
@@ -95,7 +128,8 @@ def test_triton_kernels_lower_for_hopper(dtype):
   fns = [quantize_nvfp4_rtn_triton, functools.partial(quantize_nvfp4_rtn_triton, flat_rows=True),
          lambda v: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), flat_rows=True)] + [
       lambda v, axis=axis, seed=seed: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis)
-      for axis in (-1, 0) for seed in (jnp.uint32(3), None)]
+      for axis in (-1, 0) for seed in (jnp.uint32(3), None)] + [
+      lambda v: requantize_nvfp4_backward_triton(quantize_nvfp4(v, axis=-1), signs, jnp.uint32(3), rows=200)]
   with _platform.assume_hopper():
     for fn in fns:
       text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
@@ -204,6 +238,19 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
   row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
              spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
   assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"
+
+
+@pytest.mark.gpu
+def test_requantize_from_codes_bitwise_gpu(rng, key):
+  """Q6 from Q1's codes compiled for Hopper, at a 20m activation's shape with a token count that
+  is not a multiple of 128: bitwise the XLA path on the dequantized X_hat."""
+  x = _edge_input(rng, (4000, 1024), jnp.bfloat16)
+  rht_key, sr_key = jax.random.split(key)
+  signs, seed = hadamard_signs(rht_key), sr_seed(sr_key)
+  t = jax.jit(lambda v: quantize_nvfp4(v, axis=-1))(x)
+  got = jax.jit(lambda t: requantize_nvfp4_backward_triton(t, signs, seed, rows=3900))(t)
+  want = jax.jit(lambda t: _backward_want(dequantize_nvfp4_canonical(t)[:3900], rht_key, sr_key, 0, True))(t)
+  assert_same_tensor(got, want)
 
 
 @pytest.mark.gpu

@@ -18,4 +18,4 @@ from tetrajet_jax.kernels.nvfp4_quantize_backward import (can_use_pallas_backwar
 from tetrajet_jax.kernels.nvfp4_quantize import (can_use_pallas_quantizer, quantize_nvfp4_rtn,
                                            quantize_nvfp4_rtn_reference)
 from tetrajet_jax.kernels.nvfp4_quantize_triton import (can_use_triton_quantizer, quantize_nvfp4_backward_triton,
-                                                  quantize_nvfp4_rtn_triton)
+                                                  quantize_nvfp4_rtn_triton, requantize_nvfp4_backward_triton)

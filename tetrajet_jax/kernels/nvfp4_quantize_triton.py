@@ -69,7 +69,7 @@ from tetrajet_jax.kernels._platform import hopper_available
 from tetrajet_jax.numerics import NVFP4Tensor
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
-from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, nearest_index, stochastic_index
+from tetrajet_jax.numerics.e2m1 import E2M1_MAX, decode_e2m1, flush_subnormal, nearest_index, stochastic_index
 from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
 from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL
 
@@ -134,6 +134,23 @@ def _load_columns(x_ref, signs_ref) -> list[jax.Array]:
   (a coalesced load), and the 16 slices get one layout, so a block's 16 elements sit in one thread
   and the tile is never transposed."""
   return [x_ref[:, j, :].astype(jnp.float32) * signs_ref[j] for j in range(INNER_BLOCK)]
+
+
+def _load_decoded_columns(codes_ref, s_in_ref, s_out_ref, signs_ref) -> list[jax.Array]:
+  """`_load_columns` of X_hat = (q s_in) s_out, decoded from a tensor quantized along its last
+  axis, as `dequantize_nvfp4_canonical` computes it: codes_ref [8, 16, bm/2] (the bytes of bm
+  channels, channel 2p in the low nibble), s_in_ref [8, 16, bm/16] and s_out_ref [8, 16, 1]
+  (float32). Reads half a byte per element where X_hat in float32 takes four, twice."""
+  xs = []
+  for j in range(INNER_BLOCK):
+    pairs = codes_ref[:, j, :].astype(jnp.uint32)  # [8, bm/2]
+    codes = lax.stack([pairs & jnp.uint32(0xF), pairs >> 4], axis=-1)  # [8, bm/2, 2]
+    codes = codes.reshape(pairs.shape[0], 2 * pairs.shape[1])
+    s_in = s_in_ref[:, j, :]  # [8, bm/16]: one scale per 16 channels
+    s_in = lax.broadcast_in_dim(s_in, (*s_in.shape, INNER_BLOCK), (0, 1)).reshape(codes.shape)
+    s_out = lax.broadcast_in_dim(s_out_ref[:, j, 0], codes.shape, (0,))
+    xs.append(((decode_e2m1(codes) * s_in) * s_out) * signs_ref[j])
+  return xs
 
 
 def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
@@ -214,21 +231,24 @@ def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
   codes_ref[...], s_in_ref[...], s_out_ref[...] = codes, s_in, s_out[:, None]
 
 
-def _columns_kernel(x_ref, signs_ref, *refs, stochastic: bool, interpret: bool):
+def _columns_kernel(*refs, stochastic: bool, interpret: bool, decoded: bool = False):
   """One [8, 16, bm] tile of x viewed [T/16, 16, C], quantized along the first axis (RHT, then SR
   or RTN): bm canonical rows (columns of x), one outer block of tokens each. Only the per-block
-  results are transposed to the canonical layout."""
+  results are transposed to the canonical layout. decoded: x is X_hat, read from the refs of
+  `_load_decoded_columns` in place of x_ref."""
+  loaded, refs = (refs[:4], refs[4:]) if decoded else (refs[:2], refs[2:])
   keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  xs = _rht16(_load_columns(x_ref, signs_ref))
+  xs = _rht16(_load_decoded_columns(*loaded) if decoded else _load_columns(*loaded))
   hashes = _pair_hashes(keys_ref, xs[0].shape, 0) if stochastic else None
   codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=0)
   codes_ref[...], s_in_ref[...], s_out_ref[...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
 
 
-def _quantizer_call(kernel, x_view, tile_shape: tuple[int, ...], tile_index, block_axis: int, signs_16, keys,
+def _quantizer_call(kernel, tiles: list[tuple[jax.Array, tuple[int, ...], object]], block_axis: int, signs_16, keys,
                     rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str):
   """The quantizer grid over tiles of [block_rows canonical rows, 128] (tile (i, j): rows block i,
-  outer block j; tile_index(i, j) is x_view's block index, and `_blocks_first` orders the grid):
+  outer block j; tiles: the inputs as (array, block shape, block index of (i, j)), and
+  `_blocks_first` orders the grid):
   codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]. keys:
   None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two uint32 code words per
   inner block."""
@@ -241,7 +261,7 @@ def _quantizer_call(kernel, x_view, tile_shape: tuple[int, ...], tile_index, blo
   def spec(shape, index):
     return pl.BlockSpec(shape, tile_of(index))
 
-  in_specs, args = [spec(tile_shape, tile_index)], [x_view]
+  in_specs, args = [spec(shape, index) for _, shape, index in tiles], [view for view, _, _ in tiles]
   if signs_16 is not None:
     in_specs.append(spec((INNER_BLOCK,), lambda i, j: (0,)))
     args.append(signs_16)
@@ -376,16 +396,66 @@ def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, 
               name="nvfp4_backward_triton" if rht else "nvfp4_rtn_triton")
   if axis == 1:
     rows, k = shape
-    tile = (block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0)
+    tiles = [(x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK), (block_rows, _BLOCKS, INNER_BLOCK),
+              lambda i, j: (i, j, 0))]
     kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret)
-    x_view = x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
     k, rows = x.shape
-    tile = (_BLOCKS, INNER_BLOCK, block_rows), lambda i, j: (j, 0, i)
+    tiles = [(x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows), (_BLOCKS, INNER_BLOCK, block_rows),
+              lambda i, j: (j, 0, i))]
     kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret)
-    x_view = x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows)
-  return _tensor(_quantizer_call(kernel, x_view, *tile, axis, signs_16, keys, rows, k, **opts), shape, axis)
+  return _tensor(_quantizer_call(kernel, tiles, axis, signs_16, keys, rows, k, **opts), shape, axis)
+
+
+def requantize_nvfp4_backward_triton(t: NVFP4Tensor, signs_16: jax.Array, seed: jax.Array | None, *, rows: int,
+                                     block_rows: int = 32, num_warps: int = 4, interpret: bool = False) -> NVFP4Tensor:
+  """The backward quantizer along axis 0 of X_hat = dequantize_nvfp4_canonical(t)[:rows], reading
+  t's codes and scales instead of X_hat (TetraJet-v2's Q6 re-quantizes the forward's Q1 this way).
+
+  Args:
+    t: a 2-D block-scaled NVFP4Tensor in its canonical layout [M, K'] (quantized along its last
+      axis, 1x16 blocks), K' % block_rows == 0.
+    signs_16, seed, block_rows, num_warps, interpret: as `quantize_nvfp4_backward_triton`.
+    rows: the leading rows of X_hat to take, 0 < rows <= M (the rest is zero padding).
+
+  Returns:
+    NVFP4Tensor bitwise equal to quantize_nvfp4_backward_triton(dequantize_nvfp4_canonical(t)[:rows],
+    signs_16, seed, axis=0).
+  """
+  name = "requantize_nvfp4_backward_triton"
+  if not isinstance(t, NVFP4Tensor) or t.codes.ndim != 2 or t.block_2d or t.scaling != "block":
+    raise ValueError(f"{name}: t must be a 2-D block-scaled NVFP4Tensor with 1x16 blocks; use "
+                     "quantize_nvfp4_backward_triton on dequantize_nvfp4_canonical(t) otherwise.")
+  m, k = t.codes.shape[0], 2 * t.codes.shape[1]
+  if not 0 < rows <= m:
+    raise ValueError(f"{name}: rows={rows} must be in (0, {m}], the rows of t's canonical layout.")
+  _check_input(jax.ShapeDtypeStruct((rows, k), jnp.float32), block_rows, name, axis=0)
+  if not INNER_BLOCK <= block_rows <= OUTER_BLOCK:  # a tile reads whole inner scales and one outer scale per row
+    raise ValueError(f"{name}: block_rows={block_rows} must be between {INNER_BLOCK} and {OUTER_BLOCK}.")
+  if jnp.shape(signs_16) != (INNER_BLOCK,):
+    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}.")
+  keys = None if seed is None else row_keys(np.uint32(seed) if isinstance(seed, int) else seed, k)
+  return _decoded_instance(t.codes, t.scale_inner, t.scale_outer, jnp.asarray(signs_16, jnp.float32), keys,
+                           rows=rows, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "block_rows", "num_warps", "interpret"))
+def _decoded_instance(codes, scale_inner, scale_outer, signs_16, keys, *, rows: int, block_rows: int, num_warps: int,
+                      interpret: bool) -> NVFP4Tensor:
+  """One instance of the decoding backward kernel: rows of X_hat padded with zero codes (scales
+  of 1) to whole 128-token blocks."""
+  mp, k = -(-rows // OUTER_BLOCK) * OUTER_BLOCK, 2 * codes.shape[1]
+  pad = lambda a, value: jnp.pad(a[:rows], ((0, mp - rows), (0, 0)), constant_values=value)
+  codes, s_in, s_out = pad(codes, 0), pad(scale_inner.astype(jnp.float32), 1.0), pad(scale_outer, 1.0)
+  view = lambda a: a.reshape(mp // INNER_BLOCK, INNER_BLOCK, a.shape[1])
+  tiles = [(view(codes), (_BLOCKS, INNER_BLOCK, block_rows // 2), lambda i, j: (j, 0, i)),
+           (view(s_in), (_BLOCKS, INNER_BLOCK, block_rows // INNER_BLOCK), lambda i, j: (j, 0, i)),
+           (view(s_out), (_BLOCKS, INNER_BLOCK, 1), lambda i, j: (j, 0, i * block_rows // OUTER_BLOCK))]
+  kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret, decoded=True)
+  outs = _quantizer_call(kernel, tiles, 0, signs_16, keys, k, mp, block_rows=block_rows, num_warps=num_warps,
+                         interpret=interpret, name="nvfp4_requantize_triton")
+  return _tensor(outs, (rows, k), 0)
 
 
 def can_use_triton_quantizer(shape: tuple[int, ...], dtype, *, axis: int = -1, block_rows: int = 32) -> bool:

@@ -234,6 +234,23 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
                                          flat_rows=flat_rows and axis in (-1, 1), **_interpret("backward"))
 
 
+def backward_requantize(t: NVFP4Tensor, rows: int, rht_key: jax.Array, sr_key: jax.Array, *,
+                        rounding: Rounding = "stochastic", backend: Backend) -> NVFP4Tensor | None:
+  """backward_quantize(dequantize_nvfp4_canonical(t)[:rows], rht_key, sr_key, axis=0) read straight
+  from t's codes and scales by the Triton kernel, so no float32 X_hat passes through memory (Q6 of
+  the aligned recipes). None where that kernel does not run here: the caller then dequantizes and
+  calls backward_quantize, which applies the backend's rules."""
+  if backend not in ("auto", "pallas") or t.codes.ndim != 2 or t.block_2d or not _triton_quantizers(t.scaling,
+                                                                                                    "backward"):
+    return None
+  k = 2 * t.codes.shape[1]
+  if not ("backward" in _interpreted or kernels.can_use_triton_quantizer((rows, k), jnp.float32, axis=0)):
+    return None
+  seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
+  return kernels.requantize_nvfp4_backward_triton(t, hadamard_signs(rht_key), seed, rows=rows,
+                                                  **_interpret("backward"))
+
+
 def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.bfloat16,
             extra: tuple[Operand, Operand] | None = None) -> jax.Array:
   """C[i, j] = sum_k A[i, k] B[j, k] with FP32 accumulation, cast to out_dtype.

@@ -274,6 +274,16 @@ def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
                        backend=recipe.backend)  # canonical [K', Mp]
 
 
+def _wgrad_x_from_codes(x_fwd, m: int, recipe: Recipe, keys: _Keys) -> NVFP4Tensor | None:
+  """Q6 of X_hat = the forward's Q1 read from its codes where the kernel runs (`backward_requantize`):
+  the same codes as `_wgrad_x_operand(X_hat)`; None elsewhere."""
+  cfg = recipe.quantizers[5]
+  if not (isinstance(x_fwd, NVFP4Tensor) and cfg.enabled and recipe.rht_wgrad and recipe.scaling == "block"):
+    return None
+  return gemm_lib.backward_requantize(x_fwd, m, keys.rht_dw, keys.q[5], rounding=cfg.rounding,
+                                      backend=recipe.backend)
+
+
 def _w_hat(kernel: jax.Array, split: ChannelSplit | None, recipe: Recipe, keys: _Keys) -> jax.Array:
   """W_hat [K, N]: the forward's dequantized weight, assembled from both parts."""
   k = kernel.shape[0]
@@ -311,7 +321,8 @@ def _backward_operands(recipe: Recipe, res: _Residuals, dy) -> _BackwardOperands
   x_hat = None
   if recipe.aligned_backward:
     x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'p]: K' zero-padded to 128 (zero rows of dW, cropped)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys)
+    b6 = _wgrad_x_from_codes(res.x_fwd, dy.shape[0], recipe, keys)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys) if b6 is None else b6  # x_hat: only if needed (XLA drops it)
   else:
     b6 = res.q6_pre
   return _BackwardOperands(w_src, x_hat, a3, b4, a5, b6)
