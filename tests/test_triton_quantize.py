@@ -228,9 +228,11 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
   rendered table divides the static SASS count by the elements a thread holds."""
   from experiments.bench import triton_isa  # noqa: PLC0415
 
-  cases = triton_isa.kernel_cases(["bfloat16"], [(16, 2)])
+  cases = triton_isa.kernel_cases(["bfloat16", "float32"], [(16, 2)])
   assert [c[0] for c in cases] == ["triton rtn bfloat16 rows16_w2", "triton rht+sr bfloat16 axis=-1 rows16_w2",
-                                   "triton rht+sr bfloat16 axis=0 rows16_w2"]
+                                   "triton rht+sr bfloat16 axis=0 rows16_w2", "triton rtn float32 rows16_w2",
+                                   "triton rht+sr float32 axis=-1 rows16_w2", "triton rht+sr float32 axis=0 rows16_w2",
+                                   "triton rht+sr from codes axis=0 rows16_w2"]
   for name, fn, warps, per_thread, dtype in cases:
     ttir = triton_isa.lower_to_ttir(fn, jax.ShapeDtypeStruct(triton_isa.SHAPE, dtype))
     assert "tt.func" in ttir and "tt.store" in ttir, name

@@ -61,7 +61,8 @@ def kernel_cases(dtypes: list[str], tilings) -> list[tuple[str, object, int, int
   import jax.numpy as jnp  # noqa: PLC0415
 
   from tetrajet_jax.kernels.nvfp4_quantize_triton import (  # noqa: PLC0415
-      quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton)
+      quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton, requantize_nvfp4_backward_triton)
+  from tetrajet_jax.numerics import quantize_nvfp4  # noqa: PLC0415
 
   signs, seed = jnp.ones((16,), jnp.float32), jnp.uint32(3)
   cases = []
@@ -74,6 +75,11 @@ def kernel_cases(dtypes: list[str], tilings) -> list[tuple[str, object, int, int
       cases += [(f"triton rht+sr {dtype} axis={axis} rows{rows}_w{warps}",
                  lambda x, o=opts, a=axis: quantize_nvfp4_backward_triton(x, signs, seed, axis=a, **o), warps,
                  per_thread, dtype) for axis in (-1, 0)]
+      if dtype == "float32":  # Q6 from Q1's codes (x only makes the codes: its dtype does not matter)
+        cases += [(f"triton rht+sr from codes axis=0 rows{rows}_w{warps}",
+                   lambda x, o=opts: requantize_nvfp4_backward_triton(quantize_nvfp4(x, axis=-1), signs, seed,
+                                                                      rows=x.shape[0], **o), warps, per_thread,
+                   dtype)]
   return cases
 
 
