@@ -144,6 +144,8 @@ def interpreted_kernels(monkeypatch):
               functools.partial(bench.quantize_nvfp4_rtn_triton, interpret=True))
   bench.patch(monkeypatch, "quantize_nvfp4_backward_triton",
               functools.partial(bench.quantize_nvfp4_backward_triton, interpret=True))
+  bench.patch(monkeypatch, "requantize_nvfp4_backward_triton",
+              functools.partial(bench.requantize_nvfp4_backward_triton, interpret=True))
   bench.patch(monkeypatch, "nvfp4_gemm", functools.partial(bench.nvfp4_gemm, interpret=True))
   bench.patch(monkeypatch, "block_scaled_bf16_gemm", functools.partial(bench.block_scaled_bf16_gemm, interpret=True))
   bench.patch(monkeypatch, "time_fn", lambda f, *a, **kw: 1e-3)
@@ -192,7 +194,7 @@ def test_quant_rows_keep_baselines_and_checks():
   names = [j.name for j in bench.select_rows(bench.backward_quantizer_jobs([(64, 256)]), re.compile("triton"))]
   assert any(n.startswith("copy") for n in names) and "xla rht+sr bfloat16 axis=0" in names
   assert "pallas rht+sr bfloat16 axis=0 check" in names and "pallas rht+sr bfloat16 axis=0" not in names
-  assert sum(n.startswith("triton") for n in names) == 2 * 2 * len(bench.TRITON_TILINGS)
+  assert sum(n.startswith("triton") for n in names) == 2 * 2 * len(bench.TRITON_TILINGS) + 2  # + Q6's two ways
   with pytest.raises(SystemExit):
     bench.main(["--only", "quant", "--quant-rows", "("])
 
@@ -223,8 +225,11 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   names = [r["name"] for r in rows]
   # Per dtype and axis: XLA, the kernel, +operand, tiles from registers, the dense transform and lane
   # semantics (the last three checked bitwise against the kernel), and the Triton kernel's tilings
-  # (checked bitwise against XLA).
-  assert len(names) == 2 * 2 * (6 + len(bench.TRITON_TILINGS)) + 2 and "pallas rht+sr float32 axis=0 +operand" in names
+  # (checked bitwise against XLA); float32 along tokens, Q6 of X_hat both ways (from Q1's codes checked
+  # bitwise against the kernel on the decoded X_hat).
+  assert len(names) == 2 * 2 * (6 + len(bench.TRITON_TILINGS)) + 4 and "pallas rht+sr float32 axis=0 +operand" in names
+  assert {"triton rht+sr float32 axis=0 on XLA-decoded X_hat",
+          "triton rht+sr float32 axis=0 from Q1 codes"} <= set(names)
   assert "triton rht+sr float32 axis=0 rows64_w8" in names
   assert "pallas rht+sr bfloat16 axis=0 dense transform (SMEM tile)" in names
   assert "pallas rht+sr bfloat16 axis=0 lane semantics" in names

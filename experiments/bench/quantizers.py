@@ -12,9 +12,10 @@ from experiments.bench.copy_kernel import copy_fns
 from experiments.bench.jobs import Job, _label, _nbytes, _same_bits, _tensors_equal, code_agreement
 from tetrajet_jax.kernels.nvfp4_quantize import quantize_nvfp4_rtn
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward
-from tetrajet_jax.kernels.nvfp4_quantize_triton import quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton
-from tetrajet_jax.numerics import (decode_e2m1, hadamard_signs, nvfp4_bf16_operand, quantize_nvfp4,
-                                   random_hadamard_16, unpack_e2m1)
+from tetrajet_jax.kernels.nvfp4_quantize_triton import (quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton,
+                                                        requantize_nvfp4_backward_triton)
+from tetrajet_jax.numerics import (decode_e2m1, dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand,
+                                   quantize_nvfp4, random_hadamard_16, unpack_e2m1)
 from tetrajet_jax.numerics.counter_rng import sr_seed
 
 # One quantizer shape: every kernel variant costs 20-40 s of Mosaic compile on
@@ -189,6 +190,24 @@ def check_backward_output(xs, t, y, key, axis: int) -> str | None:
   return None
 
 
+def _q6_jobs(x, dname: str, shape, signs, bw, xla) -> list[Job]:
+  """TetraJet-v2's Q6 of X_hat = Q1(x) dequantized, along tokens, both ways the layer can run it:
+  an XLA decode writing float32 X_hat, then the Triton columns kernel; or the kernel reading Q1's
+  codes and scales (bitwise the first). Bytes: what each reads and writes in HBM."""
+  t = quantize_nvfp4(x, axis=-1)
+  seed = sr_seed(jax.random.key(12))
+  decoded = (f"triton rht+sr {dname} axis=0 on XLA-decoded X_hat", shape)
+  from_codes = (f"triton rht+sr {dname} axis=0 from Q1 codes", shape)
+  out = jax.eval_shape(lambda v: quantize_nvfp4_backward_triton(v, signs, seed, axis=0), x)
+  out_bytes = _nbytes((out.codes, out.scale_inner, out.scale_outer))
+  q1_bytes = _nbytes((t.codes, t.scale_inner, t.scale_outer))
+  row = lambda key, nb: lambda dt, out, times: _quant_row(key[0], key[1], dt, nb, bw(times), times[xla])
+  return [Job(decoded, lambda t, sg, sd: quantize_nvfp4_backward_triton(dequantize_nvfp4_canonical(t), sg, sd, axis=0),
+              (t, signs, seed), row=row(decoded, q1_bytes + 2 * x.nbytes + out_bytes)),
+          Job(from_codes, lambda t, sg, sd: requantize_nvfp4_backward_triton(t, sg, sd, rows=x.shape[0]),
+              (t, signs, seed), check=_same_as(decoded), row=row(from_codes, q1_bytes + out_bytes))]
+
+
 def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tuple = ()) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
@@ -253,6 +272,8 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
             v, sg, sd, axis=axis, block_rows=rows, num_warps=warps), (x, signs, sr_seed(jax.random.key(12))),
             check=_same_as(xla), row=lambda dt, out, times, tk=tk, nb=nb, bw=bw, xla=xla: _quant_row(
                 tk[0], tk[1], dt, nb, bw(times), times[xla])))
+      if dtype == jnp.float32 and axis == 0:
+        jobs += _q6_jobs(x, dname, shape, signs, bw, xla)
       if dtype == jnp.bfloat16 and axis == -1:
         for suffix, knobs in ATTRIBUTION:
           ak = (exact[0] + suffix, shape)
