@@ -366,15 +366,20 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
   if flat_rows and axis != 1:
     raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
   _check_input(x, block_rows, name, axis, flat_rows=flat_rows)
+  signs_16, seed = _checked_signs_and_seed(signs_16, seed, name)
+  return _quantize(x, signs_16, seed, axis=axis, flat_rows=flat_rows, block_rows=block_rows,
+                   num_warps=num_warps, interpret=interpret)
+
+
+def _checked_signs_and_seed(signs_16, seed, name: str):
+  """The backward kernels' RHT signs as float32 [16] and SR seed (None, or a scalar; a Python int
+  as uint32, which may not fit jit's int32); ValueError for other shapes."""
   if jnp.shape(signs_16) != (INNER_BLOCK,):
     raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}; "
                      "use tetrajet_jax.numerics.hadamard_signs(key).")
   if seed is not None and jnp.ndim(seed) != 0:
     raise ValueError(f"{name}: seed must be a scalar, got shape {jnp.shape(seed)}.")
-  if isinstance(seed, int):  # a Python int may not fit jit's int32
-    seed = np.uint32(seed)
-  return _quantize(x, jnp.asarray(signs_16, jnp.float32), seed, axis=axis, flat_rows=flat_rows, block_rows=block_rows,
-                   num_warps=num_warps, interpret=interpret)
+  return jnp.asarray(signs_16, jnp.float32), np.uint32(seed) if isinstance(seed, int) else seed
 
 
 def _quantize(x, signs_16, seed, *, axis: int, flat_rows: bool, **opts) -> NVFP4Tensor:
@@ -417,7 +422,8 @@ def requantize_nvfp4_backward_triton(t: NVFP4Tensor, signs_16: jax.Array, seed: 
     t: a 2-D block-scaled NVFP4Tensor in its canonical layout [M, K'] (quantized along its last
       axis, 1x16 blocks), K' % block_rows == 0.
     signs_16, seed, block_rows, num_warps, interpret: as `quantize_nvfp4_backward_triton`.
-    rows: the leading rows of X_hat to take, 0 < rows <= M (the rest is zero padding).
+    rows: how many leading rows of X_hat to quantize, 0 < rows <= M; the kernel
+      zero-pads them to whole 128-row blocks.
 
   Returns:
     NVFP4Tensor bitwise equal to quantize_nvfp4_backward_triton(dequantize_nvfp4_canonical(t)[:rows],
@@ -433,10 +439,9 @@ def requantize_nvfp4_backward_triton(t: NVFP4Tensor, signs_16: jax.Array, seed: 
   _check_input(jax.ShapeDtypeStruct((rows, k), jnp.float32), block_rows, name, axis=0)
   if not INNER_BLOCK <= block_rows <= OUTER_BLOCK:  # a tile reads whole inner scales and one outer scale per row
     raise ValueError(f"{name}: block_rows={block_rows} must be between {INNER_BLOCK} and {OUTER_BLOCK}.")
-  if jnp.shape(signs_16) != (INNER_BLOCK,):
-    raise ValueError(f"{name}: signs_16 must have shape (16,), got {jnp.shape(signs_16)}.")
-  keys = None if seed is None else row_keys(np.uint32(seed) if isinstance(seed, int) else seed, k)
-  return _decoded_instance(t.codes, t.scale_inner, t.scale_outer, jnp.asarray(signs_16, jnp.float32), keys,
+  signs_16, seed = _checked_signs_and_seed(signs_16, seed, name)
+  keys = None if seed is None else row_keys(seed, k)
+  return _decoded_instance(t.codes, t.scale_inner, t.scale_outer, signs_16, keys,
                            rows=rows, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
 
 

@@ -322,7 +322,7 @@ def _backward_operands(recipe: Recipe, res: _Residuals, dy) -> _BackwardOperands
   if recipe.aligned_backward:
     x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'p]: K' zero-padded to 128 (zero rows of dW, cropped)
     b6 = _wgrad_x_from_codes(res.x_fwd, dy.shape[0], recipe, keys)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys) if b6 is None else b6  # x_hat: only if needed (XLA drops it)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys) if b6 is None else b6  # else x_hat is unused and XLA drops it
   else:
     b6 = res.q6_pre
   return _BackwardOperands(w_src, x_hat, a3, b4, a5, b6)
