@@ -379,6 +379,20 @@ def test_linear_jobs_attribution_only():
     bench.main(["--only", "linear", "--linear-backends", "xla,bogus"])
 
 
+def test_gemm_configs_flag_picks_the_tilings(monkeypatch, tmp_path):
+  """--gemm-configs: only the named tilings reach the GEMM jobs, in the order given; an unknown
+  name is refused before anything runs."""
+  seen = []
+  monkeypatch.setattr(kernels, "gemm_jobs", lambda quick, shapes, configs: seen.append(configs) or [])
+  monkeypatch.setattr(kernels, "run_jobs", lambda rows, log, jobs: None)
+  names = ["t128x64_k64_s4_pairs", "t128x64_s2"]
+  assert bench.main(["--only", "gemm", "--gemm-configs", ",".join(names), "--out", str(tmp_path / "g.json")]) == 0
+  assert seen == [{name: gemms.GEMM_CONFIGS[name] for name in names}]
+  with pytest.raises(SystemExit):
+    bench.main(["--only", "gemm", "--gemm-configs", "t128x64_s2,t256x256"])
+  assert len(seen) == 1
+
+
 def test_run_jobs_compiles_wave_by_wave(monkeypatch):
   """Each wave's loops compile together and its rows land before the next
   wave compiles (a call cut off mid-section keeps the earlier waves' rows)."""

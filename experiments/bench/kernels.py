@@ -33,7 +33,7 @@ from pathlib import Path
 
 import jax
 
-from experiments.bench.gemms import GEMM_SHAPES, gemm_jobs
+from experiments.bench.gemms import GEMM_CONFIGS, GEMM_SHAPES, gemm_jobs
 from experiments.bench.jobs import Rows, format_table, markdown_tables, run_jobs
 from experiments.bench.layer_parts import DEFAULT_LINEAR_BACKENDS, LINEAR_BACKENDS, LINEAR_SHAPES, linear_jobs
 from experiments.bench.quantizers import (QUANT_BASELINES, QUANT_INPUTS, QUANT_SHAPES, backward_quantizer_jobs,
@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="quantizer sections: only the kernel rows whose name matches REGEX (re.search); the "
                       "copy and XLA baselines and the kernels' checks always run, e.g. 'triton|rows64_s2$'")
   p.add_argument("--gemm-shapes", default=None, help="GEMM shapes MxKxN (out [M, N]), e.g. 16384x1024x1024")
+  p.add_argument("--gemm-configs", default=",".join(GEMM_CONFIGS),
+                 help=f"GEMM tilings to check and time, a subset of {','.join(GEMM_CONFIGS)}")
   p.add_argument("--linear-shapes", default=None, help="linear shapes MxKxN, e.g. 16384x1024x4096")
   p.add_argument("--linear-parts-shapes", default=None,
                  help="shapes of the linear's attribution rows (default: --linear-shapes), a subset of them")
@@ -120,6 +122,8 @@ def main(argv=None) -> int:
   keep = lambda jobs: select_rows(jobs, quant_rows)
   quant_inputs = _subset(p, "--quant-inputs", args.quant_inputs, QUANT_INPUTS)
   linear_backends = _subset(p, "--linear-backends", args.linear_backends, LINEAR_BACKENDS)
+  gemm_names = _subset(p, "--gemm-configs", args.gemm_configs, tuple(GEMM_CONFIGS))
+  gemm_configs = {name: GEMM_CONFIGS[name] for name in gemm_names}
   if args.quick:
     quant_shapes = quant_shapes[:1]
   dev = jax.devices()[0]
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
                                                                                     quant_tilings)))),
                         ("bwdquant", lambda: run_jobs(rows, log, keep(backward_quantizer_jobs(
                             quant_shapes, quant_inputs, quant_tilings)))),
-                        ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes))),
+                        ("gemm", lambda: run_jobs(rows, log, gemm_jobs(args.quick, gemm_shapes, gemm_configs))),
                         ("linear", lambda: run_jobs(rows, log, linear_jobs(
                             linear_shapes, linear_parts_shapes, linear_backends, not args.linear_parts_only)))):
       if only is None or section in only:
