@@ -27,10 +27,12 @@ from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
 PAIRED = dataclasses.replace(SMALL, cluster_m=True)  # 2-CTA clusters sharing B tiles
 HALF_STEPS = dataclasses.replace(SMALL, k_step=64, max_concurrent_steps=4)  # two pipeline steps per chunk
+ROW_GROUPS = GemmConfig(tile_m=128, tile_n=64, mma_rows=64, grid_tile_width=1)  # two wgmmas per warpgroup step
 # The tilings beside the default that the kernel bench times on the GPU.
 GPU_CONFIGS = {"single": GemmConfig(), "pairs": GemmConfig(cluster_m=True),
                "half_steps": GemmConfig(k_step=64, max_concurrent_steps=4),
-               "half_steps_pairs": GemmConfig(k_step=64, max_concurrent_steps=4, cluster_m=True)}
+               "half_steps_pairs": GemmConfig(k_step=64, max_concurrent_steps=4, cluster_m=True),
+               "wide_row_groups": GemmConfig(tile_n=128, k_step=64, max_concurrent_steps=3, mma_rows=64)}
 
 
 def operands(rng, m, k, n, scaling="block"):
@@ -167,6 +169,24 @@ def test_gemm_tilings_interpret(rng, config, k_splits):
   a, b = operands(rng, 256, 512, 128)
   out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=config, k_splits=k_splits, interpret=True)
   assert rel_err(out, reference64(a, b)) < 1e-5
+
+
+@pytest.mark.parametrize("k_splits", [1, 2])
+def test_gemm_row_groups_are_bitwise_one_wgmma_interpret(rng, k_splits):
+  """mma_rows=64 on a 128-row warpgroup tile: two wgmmas per step, each promoted into its own
+  running sum, give the bits of one wgmma over the tile (every output element sums the same
+  products in the same order); a group that took the other group's rows or outer scales would be
+  off by order 1. Also through the epilogue of a 64 x 64 sub-tile per group."""
+  a, b = operands(rng, 256, 512, 128)
+  one = dataclasses.replace(ROW_GROUPS, mma_rows=None)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=ROW_GROUPS, k_splits=k_splits, interpret=True)
+  np.testing.assert_array_equal(np.asarray(out),
+                                np.asarray(nvfp4_gemm(a, b, out_dtype=jnp.float32, config=one, k_splits=k_splits,
+                                                      interpret=True)))
+  assert rel_err(out, reference64(a, b)) < 1e-5
+  for bad in (dict(mma_rows=96), dict(tile_m=64, mma_rows=128), dict(epi_tile_m=128, mma_rows=64, tile_m=256)):
+    with pytest.raises(ValueError, match="mma_rows="):
+      dataclasses.replace(ROW_GROUPS, **bad)
 
 
 def test_gemm_cta_pairs_need_rows_for_both():

@@ -57,6 +57,12 @@ class GemmConfig:
       tiles, which share every B tile and its scales: one TMA load multicast to
       both, so each CTA fetches 3/4 of the operand bytes per K chunk of a lone
       CTA (M must then be a multiple of 2 tile_m).
+    mma_rows: rows of one wgmma and its promotion (a multiple of 64 dividing tile_m; default
+      tile_m). Below tile_m, a warpgroup runs its tile as tile_m / mma_rows wgmmas per step, each
+      promoted before the next starts, so the FP32 partial it holds besides the running sum is
+      [mma_rows, tile_n]: a 128 x 128 warpgroup tile (wgmma N = 128, which reads 3/4 of the
+      shared-memory bytes per FLOP of N = 64) fits the registers with mma_rows=64. The sums and
+      their order are those of one wgmma over the tile.
   """
 
   tile_m: int = 128
@@ -68,6 +74,7 @@ class GemmConfig:
   grid_tile_width: int = 8
   cluster_m: bool = False
   k_step: int = CHUNK_K
+  mma_rows: int | None = None
 
   def __post_init__(self):
     if self.tile_m % 64 or self.tile_n % 64:
@@ -81,8 +88,17 @@ class GemmConfig:
     if self.k_step not in (CHUNK_K, CHUNK_K // 2):
       raise ValueError(f"GemmConfig: k_step={self.k_step} must be {CHUNK_K} or {CHUNK_K // 2} (a promotion chunk or "
                        "half of one).")
+    if self.mma_rows is not None and (self.mma_rows % 64 or self.tile_m % self.mma_rows
+                                      or self.mma_rows % self.epi_tile_m):
+      raise ValueError(f"GemmConfig: mma_rows={self.mma_rows} must be a multiple of 64 that divides "
+                       f"tile_m={self.tile_m} and is a multiple of epi_tile_m={self.epi_tile_m}.")
     if self.max_concurrent_steps < 1:
       raise ValueError(f"GemmConfig: max_concurrent_steps={self.max_concurrent_steps} must be >= 1.")
+
+  @property
+  def mma_m(self) -> int:
+    """Rows of one wgmma and its promotion."""
+    return self.mma_rows or self.tile_m
 
   @property
   def cta_tile_m(self) -> int:
@@ -118,7 +134,7 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
   m, kp = a_gmem.shape
   n = b_gmem.shape[0]
   out_dtype = out_gmem.dtype
-  tm, tn = cfg.tile_m, cfg.tile_n
+  tm, tn, mm = cfg.tile_m, cfg.tile_n, cfg.mma_m
   cta_m, cta_n = cfg.cta_tile_m, cfg.cta_tile_n
   m_iters, n_iters = m // cfg.rows_multiple, n // cta_n  # output tiles of one cluster
   k_iters = kp // CHUNK_K // k_splits  # K chunks per work item
@@ -171,31 +187,37 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
       wg_n_sl = pl.ds(wg * tn, tn)
 
       def compute_context(run_pipeline):
-        acc0 = plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
-        acc = run_pipeline(acc0)
-        out = acc.astype(out_dtype)
+        acc0 = tuple(plgpu.layout_cast(jnp.zeros((mm, tn), jnp.float32), plgpu.Layout.WGMMA)
+                     for _ in range(tm // mm))
+        outs = [acc.astype(out_dtype) for acc in run_pipeline(acc0)]  # running sums of row groups
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for ei in range(tm // epi_m):
+          group, row = divmod(ei * epi_m, mm)
           for ej in range(tn // epi_n):
             slot = (ei * (tn // epi_n) + ej) % cfg.out_slots
             e_m = slice(ei * epi_m, (ei + 1) * epi_m)
             e_n = slice(ej * epi_n, (ej + 1) * epi_n)
             plgpu.wait_smem_to_gmem(cfg.out_slots - 1, wait_read_only=True)
-            out_smem[wg, slot] = out[e_m, e_n]
+            out_smem[wg, slot] = outs[group][row:row + epi_m, e_n]
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(
                 out_smem.at[wg, slot],
                 out_gmem.at[split].at[cta_m_sl, cta_n_sl].at[:, wg_n_sl].at[e_m, e_n])
 
-      def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, acc):
-        def mma(acc_ref):
-          plgpu.wgmma(acc_ref, a_smem, b_smem.at[wg_n_sl].transpose((1, 0)))
-          return acc_ref[...]  # waits for this step's wgmma
-        part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
-        sa = plgpu.load(sa_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
+      def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, accs):
         sb = plgpu.load(sb_smem.at[0, wg_n_sl], layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
-        scale = lax.broadcast_in_dim(sa, (tm, tn), [0]) * lax.broadcast_in_dim(sb, (tm, tn), [1])
-        return acc + part * scale
+        new = []
+        for group, acc in enumerate(accs):  # one wgmma and promotion per row group, in turn
+          rows = pl.ds(group * mm, mm)
+
+          def mma(acc_ref, rows=rows):
+            plgpu.wgmma(acc_ref, a_smem.at[rows], b_smem.at[wg_n_sl].transpose((1, 0)))
+            return acc_ref[...]  # waits for this wgmma
+          part = pl.run_scoped(mma, plgpu.ACC((mm, tn), jnp.float32))
+          sa = plgpu.load(sa_smem.at[0, rows], layout=plgpu.Layout.WGMMA.reduce(1))  # [mm]
+          scale = lax.broadcast_in_dim(sa, (mm, tn), [0]) * lax.broadcast_in_dim(sb, (mm, tn), [1])
+          new.append(acc + part * scale)
+        return tuple(new)
 
       get_pipeline(chunk_body, compute_context)(
           a_gmem.at[cta_m_sl, k_sl], b_gmem.at[cta_n_sl, k_sl],
