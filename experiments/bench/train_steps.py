@@ -102,6 +102,8 @@ VARIANTS = (
     Variant("quantizer_kernels", typing.get_args(_platform.QuantizerKernels), _platform.QUANTIZER_KERNELS_ENV, str,
             _platform.quantizer_kernels, "{} quantizers",
             "the kernels the block-scaled quantizers run on (kernels._platform)"),
+    Variant("gemm_tiling", typing.get_args(_platform.GemmTiling), _platform.GEMM_TILING_ENV, str,
+            _platform.gemm_tiling, "{} GEMM tiles", "the tiles of the layer's NVFP4 GEMMs (kernels._platform)"),
 )
 
 

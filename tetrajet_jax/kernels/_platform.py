@@ -61,6 +61,22 @@ if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
                    f"use one of {', '.join(typing.get_args(QuantizerKernels))}.")
 
 
+# The tiles of the layer's NVFP4 GEMMs (`nvfp4_gemm.layer_gemm_config`): "narrow" (the default,
+# 128 x 64 per compute warpgroup, m64n64 wgmmas) or "wide" (128 x 128 per warpgroup as 64-row
+# m64n128 wgmmas, 64-wide K steps) where the output's rows and columns tile by it, narrow elsewhere.
+# The products are the same; the 64-wide steps change the FP32 summation order. Read once at import.
+GemmTiling = Literal["narrow", "wide"]
+GEMM_TILING_ENV = "TETRAJET_GEMM_TILING"
+GEMM_TILING: GemmTiling = os.environ.get(GEMM_TILING_ENV, "narrow")  # type: ignore[assignment]
+if GEMM_TILING not in typing.get_args(GemmTiling):
+  raise ValueError(f"{GEMM_TILING_ENV}={GEMM_TILING!r}: use one of {', '.join(typing.get_args(GemmTiling))}.")
+
+
+def gemm_tiling() -> GemmTiling:
+  """The tiling family of the layer's NVFP4 GEMMs in this process (see GEMM_TILING)."""
+  return GEMM_TILING
+
+
 def quantizer_kernels() -> QuantizerKernels:
   """The kernels the layer's block-scaled quantizers run on (see QUANTIZER_KERNELS)."""
   return QUANTIZER_KERNELS

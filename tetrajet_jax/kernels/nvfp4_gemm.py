@@ -126,6 +126,17 @@ class GemmConfig:
 
 
 DEFAULT_CONFIG = GemmConfig()
+# Wider wgmmas (N = 128) in 64-row groups; CTA tile 128 x 256 (TETRAJET_GEMM_TILING=wide).
+WIDE_CONFIG = GemmConfig(tile_n=128, k_step=CHUNK_K // 2, max_concurrent_steps=3, mma_rows=64)
+
+
+def layer_gemm_config(m: int, n: int) -> GemmConfig:
+  """The tiling of the layer's [m, n] output: WIDE_CONFIG under TETRAJET_GEMM_TILING=wide where it
+  tiles [m, n], else DEFAULT_CONFIG (`_platform.GEMM_TILING`)."""
+  wide = _platform.gemm_tiling() == "wide"
+  if wide and m % WIDE_CONFIG.rows_multiple == 0 and n % WIDE_CONFIG.cta_tile_n == 0:
+    return WIDE_CONFIG
+  return DEFAULT_CONFIG
 
 
 def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig, k_splits: int):

@@ -268,10 +268,11 @@ def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.b
   k = max(_padded_k(a), _padded_k(b))
   both_fp4 = isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)
   if both_fp4:
-    can = backend in ("auto", "pallas") and kernels.can_use_nvfp4_gemm(a, b)
+    config = kernels.layer_gemm_config(a.codes.shape[0], b.codes.shape[0])
+    can = backend in ("auto", "pallas") and kernels.can_use_nvfp4_gemm(a, b, config=config)
     if _kernel_runs("gemm", can, backend, f"NVFP4 GEMM for {a.shape} x {b.shape}^T"):
       dense_extra = None if extra is None else tuple(_dense(op, jnp.bfloat16) for op in extra)
-      return kernels.nvfp4_gemm(a, b, extra=dense_extra, out_dtype=out_dtype, **_interpret("gemm"))
+      return kernels.nvfp4_gemm(a, b, extra=dense_extra, out_dtype=out_dtype, config=config, **_interpret("gemm"))
   if extra is not None:
     out = gemm_nt(a, b, backend=backend, out_dtype=jnp.float32) + gemm_nt(*extra, backend=backend,
                                                                             out_dtype=jnp.float32)
