@@ -168,6 +168,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
         lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "
                      f"date {rec.get('date', 'n/a')}, wall time {fmt(rec.get('wall_s'), ',.0f')} s"
                      + (f", {rec['quantizer_kernels']} quantizer kernels" if "quantizer_kernels" in rec else "")
+                     + (f", {rec['gemm_tiling']} GEMM tiles" if "gemm_tiling" in rec else "")
                      + ": "
                      f"`{rec.get('command', 'n/a')}`"
                      + (f" ({rec['concurrent_processes']} arms trained side by side on one GPU)"

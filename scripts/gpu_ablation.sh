@@ -147,6 +147,8 @@ records.append({"commit": commit, "device": device, "command": f"python -m exper
                 "wall_s": float(wall), "date": date, "concurrent_processes": int(n_procs),
                 # Which kernels the block-scaled quantizers ran on: the same bits, different tokens/s.
                 "quantizer_kernels": _platform.quantizer_kernels(),
+                # The layer's GEMM tiles: the same products, another FP32 summation order when wide.
+                "gemm_tiling": _platform.gemm_tiling(),
                 "note": ("arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures"
                          if int(n_procs) > 1 else "one arm at a time on the GPU: final.json tokens/s are the arm's alone"),
                 "finished_arms": finished})
