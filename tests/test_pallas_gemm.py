@@ -21,7 +21,7 @@ import pytest
 from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                             nvfp4_gemm)
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.kernels.nvfp4_gemm import gemm_k_splits
+from tetrajet_jax.kernels.nvfp4_gemm import WIDE_CONFIG, gemm_k_splits
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
@@ -32,7 +32,7 @@ ROW_GROUPS = GemmConfig(tile_m=128, tile_n=64, mma_rows=64, grid_tile_width=1)  
 GPU_CONFIGS = {"single": GemmConfig(), "pairs": GemmConfig(cluster_m=True),
                "half_steps": GemmConfig(k_step=64, max_concurrent_steps=4),
                "half_steps_pairs": GemmConfig(k_step=64, max_concurrent_steps=4, cluster_m=True),
-               "wide_row_groups": GemmConfig(tile_n=128, k_step=64, max_concurrent_steps=3, mma_rows=64)}
+               "wide_row_groups": WIDE_CONFIG}
 
 
 def operands(rng, m, k, n, scaling="block"):
