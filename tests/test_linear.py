@@ -486,12 +486,10 @@ def test_wide_gemm_tiling_where_the_output_tiles_by_it(rng, monkeypatch):
   """TETRAJET_GEMM_TILING=wide: the layer's NVFP4 GEMMs run WIDE_CONFIG where [M, N] tiles by its
   128 x 256 CTA tile and the default tiling elsewhere (N = 384 here), each the reference's product
   to FP32 summation order (the GEMMs in Mosaic GPU's interpreter); "narrow" never takes it."""
-  import importlib  # noqa: PLC0415
-
   from tetrajet_jax import kernels  # noqa: PLC0415
   from tetrajet_jax.kernels import _platform  # noqa: PLC0415
+  from tetrajet_jax.kernels.nvfp4_gemm import DEFAULT_CONFIG, WIDE_CONFIG  # noqa: PLC0415
 
-  nvfp4_gemm = importlib.import_module("tetrajet_jax.kernels.nvfp4_gemm")  # the module, not the function
   monkeypatch.setattr(_platform, "GEMM_TILING", "wide")
   calls = record_kernel_calls(monkeypatch, ["nvfp4_gemm"], lambda name, args, kwargs: kwargs["config"])
   for n in (256, 384):
@@ -499,9 +497,9 @@ def test_wide_gemm_tiling_where_the_output_tiles_by_it(rng, monkeypatch):
     with interpret_kernels("gemm"):
       out = gemm_nt(a, b, backend="pallas", out_dtype=jnp.float32)
     assert rel_err(out, gemm_nt(a, b, backend="reference", out_dtype=jnp.float32)) < 1e-5
-  assert calls == [nvfp4_gemm.WIDE_CONFIG, nvfp4_gemm.DEFAULT_CONFIG]
+  assert calls == [WIDE_CONFIG, DEFAULT_CONFIG]
   monkeypatch.setattr(_platform, "GEMM_TILING", "narrow")
-  assert kernels.layer_gemm_config(256, 512) is nvfp4_gemm.DEFAULT_CONFIG
+  assert kernels.layer_gemm_config(256, 512) is DEFAULT_CONFIG
 
 
 @pytest.mark.gpu
