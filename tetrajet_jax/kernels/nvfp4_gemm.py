@@ -117,6 +117,10 @@ class GemmConfig:
     """What M must be a multiple of: the output rows one cluster covers."""
     return self.cluster_size * self.cta_tile_m
 
+  def tiles(self, m: int, n: int) -> bool:
+    """Whether an [m, n] output is whole cluster tiles of this config."""
+    return m % self.rows_multiple == 0 and n % self.cta_tile_n == 0
+
   def smem_bytes(self, out_itemsize: int = 2) -> int:
     stage = (self.cta_tile_m + self.cta_tile_n) * self.k_step * 2 + (self.cta_tile_m + self.cta_tile_n) * 4
     out = 2 * self.out_slots * self.epi_tile_m * self.epi_tile_n * out_itemsize
@@ -133,10 +137,7 @@ WIDE_CONFIG = GemmConfig(tile_n=128, k_step=CHUNK_K // 2, max_concurrent_steps=3
 def layer_gemm_config(m: int, n: int) -> GemmConfig:
   """The tiling of the layer's [m, n] output: WIDE_CONFIG under TETRAJET_GEMM_TILING=wide where it
   tiles [m, n], else DEFAULT_CONFIG (`_platform.GEMM_TILING`)."""
-  wide = _platform.gemm_tiling() == "wide"
-  if wide and m % WIDE_CONFIG.rows_multiple == 0 and n % WIDE_CONFIG.cta_tile_n == 0:
-    return WIDE_CONFIG
-  return DEFAULT_CONFIG
+  return WIDE_CONFIG if _platform.gemm_tiling() == "wide" and WIDE_CONFIG.tiles(m, n) else DEFAULT_CONFIG
 
 
 def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig, k_splits: int):
@@ -252,7 +253,7 @@ def _check_operands(a_qs, a_so, b_qs, b_so, cfg: GemmConfig, name: str):
   if a_so.shape != (m, kp // CHUNK_K) or b_so.shape != (n, kp // CHUNK_K):
     raise ValueError(f"{name}: outer scales must be [M, Kp/128]={(m, kp // CHUNK_K)} and "
                      f"[N, Kp/128]={(n, kp // CHUNK_K)}, got {a_so.shape} and {b_so.shape}.")
-  if m % cfg.rows_multiple or n % cfg.cta_tile_n:
+  if not cfg.tiles(m, n):
     raise ValueError(f"{name}: M={m}, N={n} must be multiples of ({cfg.rows_multiple}, {cfg.cta_tile_n}), the CTA "
                      "tile (its rows times the CTAs of a cluster); pad them or use the XLA path "
                      "(can_use_pallas_gemm says which).")
@@ -330,7 +331,7 @@ def block_scaled_bf16_gemm(a_qs: jax.Array, a_scale_outer: jax.Array, b_qs: jax.
 
 def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
   """True when the Pallas GEMM runs here (Hopper GPU) for [M, Kp] x [N, Kp]; else use XLA."""
-  return (_platform.hopper_available() and m % config.rows_multiple == 0 and n % config.cta_tile_n == 0
+  return (_platform.hopper_available() and config.tiles(m, n)
           and kp % CHUNK_K == 0 and kp > 0 and config.smem_bytes() <= _SMEM_BYTES)
 
 
