@@ -81,6 +81,11 @@ def _percent(v: float | None, spec: str = ".1f") -> str:
   return fmt(None if v is None else 100 * v, spec) + ("%" if v is not None else "")
 
 
+def _short_commit(commit: str | None) -> str:
+  """A commit as the tables print it: the first 7 hex digits of whatever provenance recorded."""
+  return (commit or "n/a")[:7]
+
+
 def _span(values: list[int]) -> str:
   lo, hi = min(values), max(values)
   return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
@@ -165,7 +170,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    f"backend `{_backend(cfg)}`")
     if folder.provenance:
       for rec in folder.provenance:
-        lines.append(f"- device run: commit `{rec.get('commit', 'n/a')}`, device {rec.get('device', 'n/a')}, "
+        lines.append(f"- device run: commit `{_short_commit(rec.get('commit'))}`, device {rec.get('device', 'n/a')}, "
                      f"date {rec.get('date', 'n/a')}, wall time {fmt(rec.get('wall_s'), ',.0f')} s"
                      + (f", {rec['quantizer_kernels']} quantizer kernels" if "quantizer_kernels" in rec else "")
                      + (f", {rec['gemm_tiling']} GEMM tiles" if "gemm_tiling" in rec else "")
@@ -188,7 +193,7 @@ def provenance_section(folders: list[RunFolder]) -> list[str]:
                    f"[{calib['start']}, {calib['start'] + calib['length']})" if calib else "-",
                    fmt(final.get("val", {}).get("tokens"), ",.0f"),
                    fmt(final.get("wall_s_this_session"), ",.0f"),
-                   f"`{folder.trained_at(name)}`" if folder.trained_at(name) else "n/a",
+                   f"`{_short_commit(folder.trained_at(name))}`" if folder.trained_at(name) else "n/a",
                    folder.trained_on(name) or "n/a"])
     lines += markdown_table(["arm", "status", "steps", "tokens", "warmup", "OsciReset S / P / T / tau",
                              "OutControl calibration steps", "final-eval tokens", "wall s (last session)",
