@@ -79,7 +79,7 @@ for section in linear gemm quant bwdquant; do
 done
 # Whole train steps per arm vs bf16 (tokens/s, compile time, peak memory), one process per arm;
 # TRAIN_QUANTIZER_KERNELS=mosaic,triton,triton_rtn times each FP4 arm with each quantizer family;
-# TRAIN_GEMM_TILING=narrow,wide with each tiling of the layer's NVFP4 GEMMs.
+# TRAIN_GEMM_TILING=narrow,overlap,wide with each tiling of the layer's NVFP4 GEMMs.
 stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --models "${TRAIN_MODELS:-20m}" \
   --arms "${TRAIN_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --backend "${TRAIN_BACKEND:-auto}" \
   --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" ${TRAIN_LAYERS:+--layers "$TRAIN_LAYERS"} \

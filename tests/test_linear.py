@@ -502,6 +502,23 @@ def test_wide_gemm_tiling_where_the_output_tiles_by_it(rng, monkeypatch):
   assert kernels.layer_gemm_config(256, 512) is DEFAULT_CONFIG
 
 
+def test_overlap_gemm_tiling_gives_the_narrow_bits(rng, monkeypatch):
+  """TETRAJET_GEMM_TILING=overlap: the layer's NVFP4 GEMMs run OVERLAP_CONFIG (the narrow tiles with
+  the promotion overlapped) and give the bits of "narrow" (the GEMMs in Mosaic GPU's interpreter)."""
+  from tetrajet_jax.kernels import _platform  # noqa: PLC0415
+  from tetrajet_jax.kernels.nvfp4_gemm import DEFAULT_CONFIG, OVERLAP_CONFIG  # noqa: PLC0415
+
+  a, b = (tj.quantize_nvfp4(jnp.asarray(rng.standard_normal((r, 512)), jnp.float32)) for r in (256, 128))
+  calls = record_kernel_calls(monkeypatch, ["nvfp4_gemm"], lambda name, args, kwargs: kwargs["config"])
+  outs = []
+  for tiling in ("overlap", "narrow"):
+    monkeypatch.setattr(_platform, "GEMM_TILING", tiling)
+    with interpret_kernels("gemm"):
+      outs.append(np.asarray(gemm_nt(a, b, backend="pallas", out_dtype=jnp.float32)))
+  assert calls == [OVERLAP_CONFIG, DEFAULT_CONFIG]
+  np.testing.assert_array_equal(*outs)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["tetrajet_v2", "tetrajet_v2_outcontrol", "nvidia_nvfp4"])
 def test_pallas_path_matches_exact_on_gpu(rng, key, recipe):

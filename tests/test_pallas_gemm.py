@@ -21,7 +21,7 @@ import pytest
 from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nvfp4_gemm, can_use_pallas_gemm,
                             nvfp4_gemm)
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.kernels.nvfp4_gemm import WIDE_CONFIG, gemm_k_splits
+from tetrajet_jax.kernels.nvfp4_gemm import OVERLAP_CONFIG, WIDE_CONFIG, gemm_k_splits
 from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
@@ -32,7 +32,7 @@ ROW_GROUPS = GemmConfig(tile_m=128, tile_n=64, mma_rows=64, grid_tile_width=1)  
 GPU_CONFIGS = {"single": GemmConfig(), "pairs": GemmConfig(cluster_m=True),
                "half_steps": GemmConfig(k_step=64, max_concurrent_steps=4),
                "half_steps_pairs": GemmConfig(k_step=64, max_concurrent_steps=4, cluster_m=True),
-               "wide_row_groups": WIDE_CONFIG}
+               "wide_row_groups": WIDE_CONFIG, "overlap": OVERLAP_CONFIG}
 
 
 def operands(rng, m, k, n, scaling="block"):
@@ -187,6 +187,23 @@ def test_gemm_row_groups_are_bitwise_one_wgmma_interpret(rng, k_splits):
   for bad in (dict(mma_rows=96), dict(tile_m=64, mma_rows=128), dict(epi_tile_m=128, mma_rows=64, tile_m=256)):
     with pytest.raises(ValueError, match="mma_rows="):
       dataclasses.replace(ROW_GROUPS, **bad)
+
+
+@pytest.mark.parametrize("k_splits", [1, 2])
+@pytest.mark.parametrize("config", [SMALL, HALF_STEPS, dataclasses.replace(ROW_GROUPS, mma_rows=None)],
+                         ids=["one_chunk_steps", "half_steps", "rows128"])
+def test_gemm_overlapped_promotion_is_bitwise_interpret(rng, config, k_splits):
+  """overlap_promotion: each partial promoted one step later, while the next wgmma runs, with the
+  scales it was loaded with, and the last one after the pipeline: the bits of the default order. A
+  partial promoted with the next step's scales, or a last partial never promoted, is off by order 1."""
+  a, b = operands(rng, 256, 512, 128)
+  out = nvfp4_gemm(a, b, out_dtype=jnp.float32, config=dataclasses.replace(config, overlap_promotion=True),
+                   k_splits=k_splits, interpret=True)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(nvfp4_gemm(a, b, out_dtype=jnp.float32, config=config,
+                                                                       k_splits=k_splits, interpret=True)))
+  assert rel_err(out, reference64(a, b)) < 1e-5
+  with pytest.raises(ValueError, match="overlap_promotion needs one row group"):
+    dataclasses.replace(ROW_GROUPS, overlap_promotion=True)
 
 
 def test_gemm_cta_pairs_need_rows_for_both():

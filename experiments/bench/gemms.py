@@ -8,8 +8,8 @@ import numpy as np
 
 from experiments.bench.jobs import Job, _label
 from experiments.bench.quantizers import _test_input
-from tetrajet_jax.kernels.nvfp4_gemm import (WIDE_CONFIG, GemmConfig, block_scaled_bf16_gemm, nvfp4_gemm,
-                                             nvfp4_gemm_reference)
+from tetrajet_jax.kernels.nvfp4_gemm import (OVERLAP_CONFIG, WIDE_CONFIG, GemmConfig, block_scaled_bf16_gemm,
+                                             nvfp4_gemm, nvfp4_gemm_reference)
 from tetrajet_jax.numerics import nvfp4_bf16_operand, quantize_nvfp4
 
 GEMM_SHAPES = [  # (M, K, N): out [M, N] = A [M, K] @ B [N, K]^T
@@ -27,6 +27,7 @@ GEMM_CONFIGS = {  # each fits the 227 KiB SMEM limit with the measured ~34 KiB o
     "t128x64_k64_s4": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=4, k_step=64),
     "t128x64_k64_s4_pairs": GemmConfig(tile_m=128, tile_n=64, max_concurrent_steps=4, k_step=64, cluster_m=True),
     "t128x128_k64_s3_rows64": WIDE_CONFIG,  # the layer's TETRAJET_GEMM_TILING=wide
+    "t128x64_s2_overlap": OVERLAP_CONFIG,  # the layer's TETRAJET_GEMM_TILING=overlap
 }
 def _gemm_operands(m, k, n, seed=0):
   ka, kb = jax.random.split(jax.random.key(seed))

@@ -62,10 +62,11 @@ if QUANTIZER_KERNELS not in typing.get_args(QuantizerKernels):
 
 
 # The tiles of the layer's NVFP4 GEMMs (`nvfp4_gemm.layer_gemm_config`): "narrow" (the default,
-# 128 x 64 per compute warpgroup, m64n64 wgmmas) or "wide" (128 x 128 per warpgroup as 64-row
-# m64n128 wgmmas, 64-wide K steps) where the output's rows and columns tile by it, narrow elsewhere.
-# The products are the same; the 64-wide steps change the FP32 summation order. Read once at import.
-GemmTiling = Literal["narrow", "wide"]
+# 128 x 64 per compute warpgroup, m64n64 wgmmas), "overlap" (the narrow tiles, each partial promoted
+# while the next wgmma runs: the narrow bits) or "wide" (128 x 128 per warpgroup as 64-row m64n128
+# wgmmas, 64-wide K steps) where the output's rows and columns tile by it, narrow elsewhere. The
+# products are the same; the 64-wide steps change the FP32 summation order. Read once at import.
+GemmTiling = Literal["narrow", "overlap", "wide"]
 GEMM_TILING_ENV = "TETRAJET_GEMM_TILING"
 GEMM_TILING: GemmTiling = os.environ.get(GEMM_TILING_ENV, "narrow")  # type: ignore[assignment]
 if GEMM_TILING not in typing.get_args(GemmTiling):

@@ -63,6 +63,10 @@ class GemmConfig:
       [mma_rows, tile_n]: a 128 x 128 warpgroup tile (wgmma N = 128, which reads 3/4 of the
       shared-memory bytes per FLOP of N = 64) fits the registers with mma_rows=64. The sums and
       their order are those of one wgmma over the tile.
+    overlap_promotion: promote each step's partial while the next step's wgmma runs instead of
+      before it is issued, so the tensor cores do not idle through the promotion. The partial and
+      its scales wait in registers for one step (a second [tile_m, tile_n] FP32 partial beside the
+      wgmma's accumulator and the running sum: one row group only). Same sums, same order.
   """
 
   tile_m: int = 128
@@ -75,6 +79,7 @@ class GemmConfig:
   cluster_m: bool = False
   k_step: int = CHUNK_K
   mma_rows: int | None = None
+  overlap_promotion: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or self.tile_n % 64:
@@ -92,6 +97,9 @@ class GemmConfig:
                                       or self.mma_rows % self.epi_tile_m):
       raise ValueError(f"GemmConfig: mma_rows={self.mma_rows} must be a multiple of 64 that divides "
                        f"tile_m={self.tile_m} and is a multiple of epi_tile_m={self.epi_tile_m}.")
+    if self.overlap_promotion and self.mma_m != self.tile_m:
+      raise ValueError(f"GemmConfig: overlap_promotion needs one row group (mma_rows=None or {self.tile_m}), got "
+                       f"mma_rows={self.mma_rows}: a second partial per group does not fit the registers.")
     if self.max_concurrent_steps < 1:
       raise ValueError(f"GemmConfig: max_concurrent_steps={self.max_concurrent_steps} must be >= 1.")
 
@@ -132,12 +140,23 @@ class GemmConfig:
 DEFAULT_CONFIG = GemmConfig()
 # Wider wgmmas (N = 128) in 64-row groups; CTA tile 128 x 256 (TETRAJET_GEMM_TILING=wide).
 WIDE_CONFIG = GemmConfig(tile_n=128, k_step=CHUNK_K // 2, max_concurrent_steps=3, mma_rows=64)
+# The default tiles, each partial promoted while the next wgmma runs (TETRAJET_GEMM_TILING=overlap).
+OVERLAP_CONFIG = GemmConfig(overlap_promotion=True)
 
 
 def layer_gemm_config(m: int, n: int) -> GemmConfig:
-  """The tiling of the layer's [m, n] output: WIDE_CONFIG under TETRAJET_GEMM_TILING=wide where it
-  tiles [m, n], else DEFAULT_CONFIG (`_platform.GEMM_TILING`)."""
-  return WIDE_CONFIG if _platform.gemm_tiling() == "wide" and WIDE_CONFIG.tiles(m, n) else DEFAULT_CONFIG
+  """The tiling of the layer's [m, n] output (`_platform.GEMM_TILING`): under "wide" WIDE_CONFIG
+  where it tiles [m, n], under "overlap" OVERLAP_CONFIG, else DEFAULT_CONFIG."""
+  tiling = _platform.gemm_tiling()
+  if tiling == "wide" and WIDE_CONFIG.tiles(m, n):
+    return WIDE_CONFIG
+  return OVERLAP_CONFIG if tiling == "overlap" else DEFAULT_CONFIG
+
+
+def _promote(acc: jax.Array, part: jax.Array, sa: jax.Array, sb: jax.Array) -> jax.Array:
+  """The running sum plus one step's wgmma partial times its outer scales sa[m] * sb[n]."""
+  shape = part.shape
+  return acc + part * (lax.broadcast_in_dim(sa, shape, [0]) * lax.broadcast_in_dim(sb, shape, [1]))
 
 
 def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig, k_splits: int):
@@ -201,7 +220,14 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
       def compute_context(run_pipeline):
         acc0 = tuple(plgpu.layout_cast(jnp.zeros((mm, tn), jnp.float32), plgpu.Layout.WGMMA)
                      for _ in range(tm // mm))
-        outs = [acc.astype(out_dtype) for acc in run_pipeline(acc0)]  # running sums of row groups
+        if cfg.overlap_promotion:  # the first step promotes a zero partial with zero scales
+          pending0 = (acc0[0], plgpu.layout_cast(jnp.zeros((tm,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+                      plgpu.layout_cast(jnp.zeros((tn,), jnp.float32), plgpu.Layout.WGMMA.reduce(0)))
+          (acc,), pending = run_pipeline((acc0, pending0))
+          sums = (_promote(acc, *pending),)  # the last step's partial
+        else:
+          sums = run_pipeline(acc0)
+        outs = [acc.astype(out_dtype) for acc in sums]  # running sums of row groups
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         for ei in range(tm // epi_m):
           group, row = divmod(ei * epi_m, mm)
@@ -216,19 +242,29 @@ def _gemm_kernel(a_gmem, b_gmem, sa_gmem, sb_gmem, out_gmem, *, cfg: GemmConfig,
                 out_smem.at[wg, slot],
                 out_gmem.at[split].at[cta_m_sl, cta_n_sl].at[:, wg_n_sl].at[e_m, e_n])
 
-      def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, accs):
+      def chunk_body(_, a_smem, b_smem, sa_smem, sb_smem, carry):
         sb = plgpu.load(sb_smem.at[0, wg_n_sl], layout=plgpu.Layout.WGMMA.reduce(0))  # [tn]
+        b_t = b_smem.at[wg_n_sl].transpose((1, 0))
+        if cfg.overlap_promotion:
+          (acc,), pending = carry
+
+          def mma_overlapped(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem, b_t)
+            promoted = _promote(acc, *pending)  # the previous step's partial, while this wgmma runs
+            return promoted, acc_ref[...]  # waits for this wgmma
+          acc, part = pl.run_scoped(mma_overlapped, plgpu.ACC((tm, tn), jnp.float32))
+          sa = plgpu.load(sa_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # [tm]
+          return (acc,), (part, sa, sb)
         new = []
-        for group, acc in enumerate(accs):  # one wgmma and promotion per row group, in turn
+        for group, acc in enumerate(carry):  # one wgmma and promotion per row group, in turn
           rows = pl.ds(group * mm, mm)
 
           def mma(acc_ref, rows=rows):
-            plgpu.wgmma(acc_ref, a_smem.at[rows], b_smem.at[wg_n_sl].transpose((1, 0)))
+            plgpu.wgmma(acc_ref, a_smem.at[rows], b_t)
             return acc_ref[...]  # waits for this wgmma
           part = pl.run_scoped(mma, plgpu.ACC((mm, tn), jnp.float32))
           sa = plgpu.load(sa_smem.at[0, rows], layout=plgpu.Layout.WGMMA.reduce(1))  # [mm]
-          scale = lax.broadcast_in_dim(sa, (mm, tn), [0]) * lax.broadcast_in_dim(sb, (mm, tn), [1])
-          new.append(acc + part * scale)
+          new.append(_promote(acc, part, sa, sb))
         return tuple(new)
 
       get_pipeline(chunk_body, compute_context)(
