@@ -256,10 +256,13 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
                                    "triton rht+sr bfloat16 axis=0 rows16_w2", "triton rtn float32 rows16_w2",
                                    "triton rht+sr float32 axis=-1 rows16_w2", "triton rht+sr float32 axis=0 rows16_w2",
                                    "triton rht+sr from codes axis=0 rows16_w2"]
-  for name, fn, warps, per_thread, dtype in cases:
+  wide = triton_isa.kernel_cases(["bfloat16"], [(16, 2, 2)])  # two outer blocks per program: last axis only
+  assert [(c[0], c[3]) for c in wide] == [("triton rtn bfloat16 rows16_w2_o2", 64),
+                                          ("triton rht+sr bfloat16 axis=-1 rows16_w2_o2", 64)]
+  for name, fn, warps, per_thread, dtype in cases + wide:
     ttir = triton_isa.lower_to_ttir(fn, jax.ShapeDtypeStruct(triton_isa.SHAPE, dtype))
     assert "tt.func" in ttir and "tt.store" in ttir, name
-    assert (warps, per_thread) == (2, 32)
+    assert (warps, per_thread) == (2, 64 if name.endswith("_o2") else 32)
   row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
              spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
   assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"
