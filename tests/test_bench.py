@@ -155,21 +155,20 @@ def interpreted_kernels(monkeypatch):
 def test_quantizer_jobs_check_then_time_every_variant(interpreted_kernels):
   bench = interpreted_kernels
   rows, log = [], io.StringIO()
-  bench.run_jobs(rows, log, bench.quantizer_jobs([(64, 512)]))
+  bench.run_jobs(rows, log, bench.quantizer_jobs([(64, 256)]))
   assert [r["name"] for r in rows] == [
       "xla quantize_nvfp4 bfloat16", "pallas rtn bfloat16 rows64_s2", "pallas rtn bfloat16 rows64_s2 +operand",
       "pallas rtn bfloat16 rows64_s2 lane semantics",
-      *(f"triton rtn bfloat16 {label}" for label, _ in bench.triton_tilings((64, 512))),
+      *(f"triton rtn bfloat16 rows{r}_w{w}" for r, w in bench.TRITON_TILINGS),
       "pallas rtn bfloat16 rows64_s2 division=hardware (timing only, inexact)",
       "pallas rtn bfloat16 rows64_s2 load+store only (ceiling)",
       "xla quantize_nvfp4 float32", "pallas rtn float32 rows64_s2", "pallas rtn float32 rows64_s2 +operand",
       "pallas rtn float32 rows64_s2 lane semantics",
-      *(f"triton rtn float32 {label}" for label, _ in bench.triton_tilings((64, 512)))]
-  assert "triton rtn bfloat16 rows16_w2_o4" in [r["name"] for r in rows]
+      *(f"triton rtn float32 rows{r}_w{w}" for r, w in bench.TRITON_TILINGS)]
   assert all(r["ok"] for r in rows), log.getvalue()
   for r in rows:
     assert {"kind", "name", "shape", "ms", "gbps", "vs_copy", "vs_xla"} <= set(r) and r["vs_xla"] == 1.0
-  assert "| pallas rtn bfloat16 rows64_s2 load+store only (ceiling) | 64x512 | 1.000 |" in bench.markdown_tables(
+  assert "| pallas rtn bfloat16 rows64_s2 load+store only (ceiling) | 64x256 | 1.000 |" in bench.markdown_tables(
       [{"rows": rows}])
 
 
@@ -195,8 +194,7 @@ def test_quant_rows_keep_baselines_and_checks():
   names = [j.name for j in bench.select_rows(bench.backward_quantizer_jobs([(64, 256)]), re.compile("triton"))]
   assert any(n.startswith("copy") for n in names) and "xla rht+sr bfloat16 axis=0" in names
   assert "pallas rht+sr bfloat16 axis=0 check" in names and "pallas rht+sr bfloat16 axis=0" not in names
-  assert sum(n.startswith("triton") for n in names) == 2 * (len(bench.triton_tilings((64, 256), -1))
-                                                            + len(bench.triton_tilings((64, 256), 0))) + 2  # + Q6's
+  assert sum(n.startswith("triton") for n in names) == 2 * 2 * len(bench.TRITON_TILINGS) + 2  # + Q6's two ways
   with pytest.raises(SystemExit):
     bench.main(["--only", "quant", "--quant-rows", "("])
 
@@ -229,8 +227,7 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   # semantics (the last three checked bitwise against the kernel), and the Triton kernel's tilings
   # (checked bitwise against XLA); float32 along tokens, Q6 of X_hat both ways (from Q1's codes checked
   # bitwise against the kernel on the decoded X_hat).
-  assert len(names) == 2 * (2 * 6 + len(bench.triton_tilings((64, 256), -1)) + len(bench.triton_tilings((64, 256), 0))) + 4
-  assert "pallas rht+sr float32 axis=0 +operand" in names and "triton rht+sr bfloat16 axis=-1 rows32_w4_o2" in names
+  assert len(names) == 2 * 2 * (6 + len(bench.TRITON_TILINGS)) + 4 and "pallas rht+sr float32 axis=0 +operand" in names
   assert {"triton rht+sr float32 axis=0 on XLA-decoded X_hat",
           "triton rht+sr float32 axis=0 from Q1 codes"} <= set(names)
   assert "triton rht+sr float32 axis=0 rows64_w8" in names

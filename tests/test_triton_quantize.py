@@ -38,13 +38,11 @@ def _edge_input(rng, shape, dtype):
   return jnp.asarray(x).astype(dtype)
 
 
-@pytest.mark.parametrize("block_rows, outer_blocks", [(16, 1), (32, 1), (16, 2), (32, 4)])
+@pytest.mark.parametrize("block_rows", [16, 32])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_rtn_triton_bitwise_interpret(rng, dtype, block_rows, outer_blocks):
-  """Every tiling, several outer blocks per program included: NaN and Inf blocks in the first and
-  second outer block of a row stay in their own block's scale."""
-  x = _edge_input(rng, (64, 512), dtype)
-  t = quantize_nvfp4_rtn_triton(x, block_rows=block_rows, outer_blocks=outer_blocks, interpret=True)
+def test_rtn_triton_bitwise_interpret(rng, dtype, block_rows):
+  x = _edge_input(rng, (64, 256), dtype)
+  t = quantize_nvfp4_rtn_triton(x, block_rows=block_rows, interpret=True)
   assert_same_tensor(t, quantize_nvfp4(x, axis=-1))
   so = np.asarray(t.scale_outer)
   assert np.isnan(so[5, 0]) and np.isnan(so[6, 1]) and np.isfinite(so[5, 1]) and np.isfinite(so[6, 0])
@@ -67,17 +65,16 @@ def _backward_want(x, rht_key, sr_key, axis: int, stochastic: bool):
 
 
 @pytest.mark.parametrize("stochastic", [True, False])
-@pytest.mark.parametrize("axis, outer_blocks", [(-1, 1), (-1, 2), (0, 1)])
+@pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_backward_triton_bitwise_interpret(rng, key, dtype, axis, outer_blocks, stochastic):
+def test_backward_triton_bitwise_interpret(rng, key, dtype, axis, stochastic):
   """RHT + double-block scales + SR (or RTN), both axes; axis 0 with tokens not a multiple of 128
-  (zero-padded); NaN, Inf and subnormal elements in their own blocks; along the last axis also two
-  outer blocks per program (each drawing its own pairs' bits)."""
+  (zero-padded); NaN, Inf and subnormal elements in their own blocks."""
   x = _edge_input(rng, (64, 256), dtype)
   x = x if axis == -1 else x.T[:200]
   rht_key, sr_key = jax.random.split(key)
   t = quantize_nvfp4_backward_triton(x, hadamard_signs(rht_key), sr_seed(sr_key) if stochastic else None,
-                                     axis=axis, block_rows=16, outer_blocks=outer_blocks, interpret=True)
+                                     axis=axis, block_rows=16, interpret=True)
   assert t.shape == x.shape and t.axis == axis % 2
   assert_same_tensor(t, _backward_want(x, rht_key, sr_key, axis, stochastic))
 
@@ -129,8 +126,6 @@ def test_triton_kernels_lower_for_hopper(dtype):
   spec = jax.ShapeDtypeStruct((256, 512), dtype)
   signs = jnp.ones((16,), jnp.float32)
   fns = [quantize_nvfp4_rtn_triton, functools.partial(quantize_nvfp4_rtn_triton, flat_rows=True),
-         functools.partial(quantize_nvfp4_rtn_triton, outer_blocks=4),
-         lambda v: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), outer_blocks=2),
          lambda v: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), flat_rows=True)] + [
       lambda v, axis=axis, seed=seed: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis)
       for axis in (-1, 0) for seed in (jnp.uint32(3), None)] + [
@@ -151,24 +146,6 @@ def test_triton_kernels_lower_for_hopper(dtype):
 def test_rtn_triton_bad_input(shape, dtype, block_rows, match):
   with pytest.raises(ValueError, match=match):
     quantize_nvfp4_rtn_triton(jnp.zeros(shape, dtype), block_rows=block_rows, interpret=True)
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(outer_blocks=3), "outer_blocks=3 must be a power of two"),
-    (dict(outer_blocks=0), "outer_blocks=0 must be a power of two"),
-    (dict(outer_blocks=4), "multiple of 512"),
-    (dict(outer_blocks=2, flat_rows=True), "outer_blocks=2 applies along the last axis without flat_rows"),
-])
-def test_triton_outer_blocks_bad_input(kwargs, match):
-  """outer_blocks must divide the quantized axis into whole tiles, and exists along the last axis
-  only: ValueError before tracing, for both kernels."""
-  x = jnp.zeros((64, 384), jnp.float32)
-  with pytest.raises(ValueError, match=match):
-    quantize_nvfp4_rtn_triton(x, interpret=True, **kwargs)
-  with pytest.raises(ValueError, match=match):
-    quantize_nvfp4_backward_triton(x, jnp.ones((16,)), jnp.uint32(1), interpret=True, **kwargs)
-  with pytest.raises(ValueError, match="along the last axis"):
-    quantize_nvfp4_backward_triton(x.T, jnp.ones((16,)), jnp.uint32(1), axis=0, outer_blocks=2, interpret=True)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -256,13 +233,10 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
                                    "triton rht+sr bfloat16 axis=0 rows16_w2", "triton rtn float32 rows16_w2",
                                    "triton rht+sr float32 axis=-1 rows16_w2", "triton rht+sr float32 axis=0 rows16_w2",
                                    "triton rht+sr from codes axis=0 rows16_w2"]
-  wide = triton_isa.kernel_cases(["bfloat16"], [(16, 2, 2)])  # two outer blocks per program: last axis only
-  assert [(c[0], c[3]) for c in wide] == [("triton rtn bfloat16 rows16_w2_o2", 64),
-                                          ("triton rht+sr bfloat16 axis=-1 rows16_w2_o2", 64)]
-  for name, fn, warps, per_thread, dtype in cases + wide:
+  for name, fn, warps, per_thread, dtype in cases:
     ttir = triton_isa.lower_to_ttir(fn, jax.ShapeDtypeStruct(triton_isa.SHAPE, dtype))
     assert "tt.func" in ttir and "tt.store" in ttir, name
-    assert (warps, per_thread) == (2, 64 if name.endswith("_o2") else 32)
+    assert (warps, per_thread) == (2, 32)
   row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
              spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
   assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"
@@ -282,22 +256,19 @@ def test_requantize_from_codes_bitwise_gpu(rng, key):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiling", [(16, 2, 1), (64, 4, 1), (16, 2, 2), (32, 4, 4)])
+@pytest.mark.parametrize("tiling", [(16, 2), (64, 4)])
 def test_triton_tilings_and_flat_views_bitwise_gpu(rng, key, tiling):
-  """The bench's other tilings (several outer blocks per program along the last axis included), and
-  the weights' flat views (a 20m weight shape, default bucket), compiled on the GPU: bitwise the XLA
-  path."""
-  block_rows, num_warps, outer_blocks = tiling
+  """The bench's other tilings, and the weights' flat views (a 20m weight shape, default bucket),
+  compiled on the GPU: bitwise the XLA path."""
+  block_rows, num_warps = tiling
   rht_key, sr_key = jax.random.split(key)
   signs, seed = hadamard_signs(rht_key), sr_seed(sr_key)
   x = _edge_input(rng, (2048, 1024), jnp.bfloat16)
   for axis in (-1, 0):
     t = jax.jit(lambda v: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis, block_rows=block_rows,
-                                                         num_warps=num_warps,
-                                                         outer_blocks=outer_blocks if axis == -1 else 1))(x)
+                                                         num_warps=num_warps))(x)
     assert_same_tensor(t, jax.jit(lambda v: _backward_want(v, rht_key, sr_key, axis, True))(x))
-  assert_same_tensor(jax.jit(lambda v: quantize_nvfp4_rtn_triton(v, block_rows=block_rows, num_warps=num_warps,
-                                                                 outer_blocks=outer_blocks))(x),
+  assert_same_tensor(jax.jit(lambda v: quantize_nvfp4_rtn_triton(v, block_rows=block_rows, num_warps=num_warps))(x),
                      quantize_nvfp4(x, axis=-1))
   w = _edge_input(rng, (1536, 512), jnp.float32)
   assert_same_tensor(jax.jit(lambda v: quantize_nvfp4_rtn_triton(v, flat_rows=True))(w), quantize_nvfp4(w, axis=-1))

@@ -17,7 +17,6 @@ from tetrajet_jax.kernels.nvfp4_quantize_triton import (quantize_nvfp4_backward_
 from tetrajet_jax.numerics import (decode_e2m1, dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand,
                                    quantize_nvfp4, random_hadamard_16, unpack_e2m1)
 from tetrajet_jax.numerics.counter_rng import sr_seed
-from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
 # One quantizer shape: every kernel variant costs 20-40 s of Mosaic compile on
 # the GPU host, and (16384, 1024) ranked the variants the same way
@@ -66,17 +65,6 @@ DENSE_SUFFIX = " dense transform (SMEM tile)"
 REGISTERS_SUFFIX = " tiles from registers (unrolled, larger module)"
 # The Pallas Triton quantizers' tilings (`kernels.nvfp4_quantize_triton`): (rows per program, warps).
 TRITON_TILINGS = ((16, 2), (32, 4), (64, 4), (64, 8))
-# Along the last axis, also (rows, warps, outer blocks per program): more bytes in flight per thread.
-TRITON_WIDE_TILINGS = ((16, 2, 2), (16, 2, 4), (32, 4, 2))
-
-
-def triton_tilings(shape: tuple[int, int], axis: int = -1) -> list[tuple[str, dict]]:
-  """The Triton kernels' tilings timed on x of `shape` along `axis`: (row-name suffix, kernel
-  keyword arguments); the wide ones where their outer blocks tile the last axis."""
-  plain = [(f"rows{r}_w{w}", dict(block_rows=r, num_warps=w)) for r, w in TRITON_TILINGS]
-  wide = [(f"rows{r}_w{w}_o{o}", dict(block_rows=r, num_warps=w, outer_blocks=o)) for r, w, o in TRITON_WIDE_TILINGS
-          if axis in (-1, 1) and shape[1] % (OUTER_BLOCK * o) == 0]
-  return plain + wide
 
 
 def _same_as(ref_key):
@@ -159,9 +147,10 @@ def quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tupl
                         lane[0], lane[1], dt, nb, bw(times), times[xla])))
     jobs += _tiling_jobs(exact, tilings, lambda rows, steps: lambda v: quantize_nvfp4_rtn(
         v, block_rows=rows, max_concurrent_steps=steps), (x,), nb, bw, xla)
-    for label, knobs in triton_tilings(shape):  # bitwise the XLA quantizer, like the Mosaic kernel
-      key = (f"triton rtn {dname} {label}", shape)
-      jobs.append(Job(key, lambda v, knobs=knobs: quantize_nvfp4_rtn_triton(v, **knobs), (x,), check=_same_as(xla),
+    for rows, warps in TRITON_TILINGS:  # bitwise the XLA quantizer, like the Mosaic kernel
+      key = (f"triton rtn {dname} rows{rows}_w{warps}", shape)
+      jobs.append(Job(key, lambda v, rows=rows, warps=warps: quantize_nvfp4_rtn_triton(
+          v, block_rows=rows, num_warps=warps), (x,), check=_same_as(xla),
           row=lambda dt, out, times, key=key, nb=nb, bw=bw, xla=xla: _quant_row(
               key[0], key[1], dt, nb, bw(times), times[xla])))
     _label(jobs, start, f"rtn {dname}")
@@ -277,10 +266,10 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
           v, sg, sd, axis=axis, block=rows, max_concurrent_steps=steps), (x, signs, jnp.uint32(4)), nb, bw, xla)
       # The Triton kernel runs the XLA path's RHT operations in order: bitwise the XLA row (same signs
       # and SR seed).
-      for label, knobs in triton_tilings(shape, axis):
-        tk = (f"triton rht+sr {dname} axis={axis} {label}", shape)
-        jobs.append(Job(tk, lambda v, sg, sd, axis=axis, knobs=knobs: quantize_nvfp4_backward_triton(
-            v, sg, sd, axis=axis, **knobs), (x, signs, sr_seed(jax.random.key(12))),
+      for rows, warps in TRITON_TILINGS:
+        tk = (f"triton rht+sr {dname} axis={axis} rows{rows}_w{warps}", shape)
+        jobs.append(Job(tk, lambda v, sg, sd, axis=axis, rows=rows, warps=warps: quantize_nvfp4_backward_triton(
+            v, sg, sd, axis=axis, block_rows=rows, num_warps=warps), (x, signs, sr_seed(jax.random.key(12))),
             check=_same_as(xla), row=lambda dt, out, times, tk=tk, nb=nb, bw=bw, xla=xla: _quant_row(
                 tk[0], tk[1], dt, nb, bw(times), times[xla])))
       if dtype == jnp.float32 and axis == 0:

@@ -1,7 +1,7 @@
 """What the Pallas Triton quantizers compile to for sm_90, counted on a host without a GPU.
 
     python -m experiments.bench triton-isa --triton-python PYTHON [--dtypes float32,bfloat16]
-        [--tilings 16x2,32x4,64x4,64x8,16x2x2] [--out FILE]
+        [--tilings 16x2,32x4,64x4,64x8] [--out FILE]
 
 Pallas lowers each kernel (RTN; RHT + SR along each axis) to Triton IR here, under
 `kernels._platform.assume_hopper` as the tests do. PYTHON, an interpreter with the `triton`
@@ -57,8 +57,7 @@ for job in json.loads(sys.argv[1]):
 
 
 def kernel_cases(dtypes: list[str], tilings) -> list[tuple[str, object, int, int]]:
-  """(name, fn of x, num_warps, elements per thread) for each kernel, dtype and tiling: (rows,
-  warps), or (rows, warps, outer blocks per program) for the kernels along the last axis only."""
+  """(name, fn of x, num_warps, elements per thread) for each kernel, dtype and tiling."""
   import jax.numpy as jnp  # noqa: PLC0415
 
   from tetrajet_jax.kernels.nvfp4_quantize_triton import (  # noqa: PLC0415
@@ -68,17 +67,15 @@ def kernel_cases(dtypes: list[str], tilings) -> list[tuple[str, object, int, int
   signs, seed = jnp.ones((16,), jnp.float32), jnp.uint32(3)
   cases = []
   for dtype in dtypes:
-    for rows, warps, *outer in tilings:
-      outer_blocks = outer[0] if outer else 1
-      per_thread = rows * 128 * outer_blocks // (32 * warps)
-      opts = dict(block_rows=rows, num_warps=warps) | (dict(outer_blocks=outer_blocks) if outer else {})
-      label = f"rows{rows}_w{warps}" + (f"_o{outer_blocks}" if outer else "")
-      cases += [(f"triton rtn {dtype} {label}",
+    for rows, warps in tilings:
+      per_thread = rows * 128 // (32 * warps)
+      opts = dict(block_rows=rows, num_warps=warps)
+      cases += [(f"triton rtn {dtype} rows{rows}_w{warps}",
                  lambda x, o=opts: quantize_nvfp4_rtn_triton(x, **o), warps, per_thread, dtype)]
-      cases += [(f"triton rht+sr {dtype} axis={axis} {label}",
+      cases += [(f"triton rht+sr {dtype} axis={axis} rows{rows}_w{warps}",
                  lambda x, o=opts, a=axis: quantize_nvfp4_backward_triton(x, signs, seed, axis=a, **o), warps,
-                 per_thread, dtype) for axis in ((-1,) if outer else (-1, 0))]
-      if dtype == "float32" and not outer:  # Q6 from Q1's codes (x only makes the codes: its dtype does not matter)
+                 per_thread, dtype) for axis in (-1, 0)]
+      if dtype == "float32":  # Q6 from Q1's codes (x only makes the codes: its dtype does not matter)
         cases += [(f"triton rht+sr from codes axis=0 rows{rows}_w{warps}",
                    lambda x, o=opts: requantize_nvfp4_backward_triton(quantize_nvfp4(x, axis=-1), signs, seed,
                                                                       rows=x.shape[0], **o), warps, per_thread,
@@ -130,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                   help="an interpreter with the triton package (e.g. a separate venv's bin/python)")
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--tilings", default=",".join(f"{r}x{w}" for r, w in DEFAULT_TILINGS),
-                  help="rows per program x warps[x outer blocks per program, last axis only], comma-separated")
+                  help="rows per program x warps, comma-separated")
   ap.add_argument("--out", default="", help="write the result JSON here")
   args = ap.parse_args(argv)
   import jax  # noqa: PLC0415

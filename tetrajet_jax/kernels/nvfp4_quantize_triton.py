@@ -114,9 +114,9 @@ def _split_last(x: jax.Array) -> list[jax.Array]:
   return [t for pair in zip(_split_last(even), _split_last(odd)) for t in pair]
 
 
-def _load_rows(x_ref, signs_ref=None, outer: int = 0) -> list[jax.Array]:
-  """Outer block `outer` of a tile of x [R, K] viewed [R, K/16, 16] (x_ref [bm, 8 n, 16]) as 16
-  float32 [bm, 8]: element j of every inner block, times signs_ref[j] where given.
+def _load_rows(x_ref, signs_ref=None) -> list[jax.Array]:
+  """A tile of x [R, K] viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j
+  of every inner block, times signs_ref[j] where given.
 
   Each load x_ref[:, :, w q : w (q + 1)] is one 16-byte vector per (row, block) in one thread (w = 4
   float32 or 8 bfloat16 elements), and the loads get the same layout, so a block's 16 elements sit
@@ -124,8 +124,7 @@ def _load_rows(x_ref, signs_ref=None, outer: int = 0) -> list[jax.Array]:
   width = 16 // x_ref.dtype.itemsize
   xs = []
   for q in range(INNER_BLOCK // width):
-    xs += _split_last(x_ref[:, pl.ds(_BLOCKS * outer, _BLOCKS), pl.ds(width * q, width)]
-                      .astype(jnp.float32))  # width of [bm, 8]
+    xs += _split_last(x_ref[:, :, pl.ds(width * q, width)].astype(jnp.float32))  # width of [bm, 8]
   return xs if signs_ref is None else [x * signs_ref[j] for j, x in enumerate(xs)]
 
 
@@ -163,17 +162,14 @@ def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
   return [x * 0.25 for x in xs]
 
 
-def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int, outer: int = 0,
-                 outer_blocks: int = 1) -> list[jax.Array]:
+def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int) -> list[jax.Array]:
   """The counter_rng hash of each element pair i of every inner block, 8 uint32 tensors of `shape`
   (blocks along block_axis, canonical rows along the other): the row's key, and the pair index
-  canonical column // 2 = 64 outer block + 8 block + i, for outer block `outer` of the program's
-  `outer_blocks`. keys_ref: [bm] row keys, or [2, bm] keys and each row's first pair index (the flat
-  view of `_flat_rows`)."""
+  canonical column // 2 = 64 outer block + 8 block + i. keys_ref: [bm] row keys, or [2, bm] keys
+  and each row's first pair index (the flat view of `_flat_rows`)."""
   rows_axis = 1 - block_axis
-  outer_index = _outer_block_program(block_axis) * outer_blocks + outer
   first = (lax.broadcasted_iota(jnp.int32, shape, block_axis) * _PAIRS
-           + outer_index * (OUTER_BLOCK // 2)).astype(jnp.uint32)
+           + _outer_block_program(block_axis) * (OUTER_BLOCK // 2)).astype(jnp.uint32)
   if len(keys_ref.shape) == 2:
     key = lax.broadcast_in_dim(keys_ref[0, :], shape, (rows_axis,))
     first = first + lax.broadcast_in_dim(keys_ref[1, :], shape, (rows_axis,))
@@ -223,19 +219,16 @@ def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, inte
   return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out
 
 
-def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool, outer_blocks: int = 1):
-  """One [bm, 8 outer_blocks, 16] tile of x viewed [R, K/16, 16], quantized along the last axis: RTN,
-  or the backward quantizer (RHT, then SR with the row keys, or RTN). The outer blocks are
-  independent and written out as one program (no loop), so their loads can all be in flight."""
+def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
+  """One [bm, 8, 16] tile of x viewed [R, K/16, 16], quantized along the last axis: RTN, or the
+  backward quantizer (RHT, then SR with the row keys, or RTN)."""
   signs_ref, refs = (refs[0], refs[1:]) if rht else (None, refs)
   keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  for outer in range(outer_blocks):
-    xs = _load_rows(x_ref, signs_ref, outer)
-    xs = _rht16(xs) if rht else xs
-    hashes = _pair_hashes(keys_ref, xs[0].shape, 1, outer, outer_blocks) if stochastic else None
-    codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=1)
-    blocks = pl.ds(_BLOCKS * outer, _BLOCKS)
-    codes_ref[:, blocks, :], s_in_ref[:, blocks], s_out_ref[:, pl.ds(outer, 1)] = codes, s_in, s_out[:, None]
+  xs = _load_rows(x_ref, signs_ref)
+  xs = _rht16(xs) if rht else xs
+  hashes = _pair_hashes(keys_ref, xs[0].shape, 1) if stochastic else None
+  codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=1)
+  codes_ref[...], s_in_ref[...], s_out_ref[...] = codes, s_in, s_out[:, None]
 
 
 def _columns_kernel(*refs, stochastic: bool, interpret: bool, decoded: bool = False):
@@ -252,15 +245,14 @@ def _columns_kernel(*refs, stochastic: bool, interpret: bool, decoded: bool = Fa
 
 
 def _quantizer_call(kernel, tiles: list[tuple[jax.Array, tuple[int, ...], object]], block_axis: int, signs_16, keys,
-                    rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str,
-                    outer_blocks: int = 1):
-  """The quantizer grid over tiles of [block_rows canonical rows, 128 outer_blocks] (tile (i, j): rows
-  block i, outer blocks j outer_blocks...; tiles: the inputs as (array, block shape, block index of
-  (i, j)), and `_blocks_first` orders the grid):
+                    rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str):
+  """The quantizer grid over tiles of [block_rows canonical rows, 128] (tile (i, j): rows block i,
+  outer block j; tiles: the inputs as (array, block shape, block index of (i, j)), and
+  `_blocks_first` orders the grid):
   codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]. keys:
   None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two uint32 code words per
   inner block."""
-  kb = k // (OUTER_BLOCK * outer_blocks)  # tiles along the quantized axis
+  kb = k // OUTER_BLOCK
   if _blocks_first(block_axis):
     grid, tile_of = (kb, rows // block_rows), lambda index: lambda j, i: index(i, j)
   else:
@@ -280,11 +272,11 @@ def _quantizer_call(kernel, tiles: list[tuple[jax.Array, tuple[int, ...], object
   words, s_in, s_out = pl.pallas_call(
       kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
                          jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
-                         jax.ShapeDtypeStruct((rows, k // OUTER_BLOCK), jnp.float32)),
+                         jax.ShapeDtypeStruct((rows, kb), jnp.float32)),
       grid=grid, in_specs=in_specs,
-      out_specs=[spec((block_rows, _BLOCKS * outer_blocks, 2), lambda i, j: (i, j, 0)),
-                 spec((block_rows, _BLOCKS * outer_blocks), lambda i, j: (i, j)),
-                 spec((block_rows, outer_blocks), lambda i, j: (i, j))],
+      out_specs=[spec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0)),
+                 spec((block_rows, _BLOCKS), lambda i, j: (i, j)),
+                 spec((block_rows, 1), lambda i, j: (i, j))],
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name=name,
   )(*args)
@@ -298,15 +290,9 @@ def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
                      block_2d=False)
 
 
-def _check_input(x, block_rows: int, name: str, axis: int = 1, *, flat_rows: bool = False,
-                 outer_blocks: int = 1) -> None:
+def _check_input(x, block_rows: int, name: str, axis: int = 1, *, flat_rows: bool = False) -> None:
   """ValueError, before anything is traced, for what the kernels cannot take (with flat_rows: x's
   shape for the flat view, then the flat view itself)."""
-  if outer_blocks < 1 or outer_blocks & (outer_blocks - 1):
-    raise ValueError(f"{name}: outer_blocks={outer_blocks} must be a power of two.")
-  if outer_blocks > 1 and (axis != 1 or flat_rows):
-    raise ValueError(f"{name}: outer_blocks={outer_blocks} applies along the last axis without flat_rows "
-                     "(a flat view is one outer block wide); pass outer_blocks=1.")
   if flat_rows:
     _flat_rows.check_flat_shape(jnp.shape(x), name)
     r, k = x.shape
@@ -318,25 +304,22 @@ def _check_input(x, block_rows: int, name: str, axis: int = 1, *, flat_rows: boo
   if block_rows < 1 or block_rows & (block_rows - 1):
     raise ValueError(f"{name}: block_rows={block_rows} must be a power of two.")
   rows, k = (x.shape[0], x.shape[1]) if axis == 1 else (x.shape[1], x.shape[0])
-  if rows % block_rows or k == 0 or (axis == 1 and k % (OUTER_BLOCK * outer_blocks)):
+  if rows % block_rows or k == 0 or (axis == 1 and k % OUTER_BLOCK):
     what = "rows % {b} == 0 and cols a positive multiple of {o}" if axis == 1 else "cols % {b} == 0 and rows > 0"
     raise ValueError(f"{name}: shape {x.shape} along axis {axis} needs "
-                     + what.format(b=block_rows, o=OUTER_BLOCK * outer_blocks)
+                     + what.format(b=block_rows, o=OUTER_BLOCK)
                      + "; pad (zeros change no scale) or use tetrajet_jax.numerics.quantize_nvfp4.")
 
 
-def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4, outer_blocks: int = 1,
-                              flat_rows: bool = False, interpret: bool = False) -> NVFP4Tensor:
+def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
+                              interpret: bool = False) -> NVFP4Tensor:
   """RTN NVFP4 quantization of a 2-D array along its last axis (Pallas Triton kernel).
 
   Args:
-    x: bf16 or f32 [R, K], R % block_rows == 0 (free with flat_rows),
-      K % (128 outer_blocks) == 0.
+    x: bf16 or f32 [R, K], R % block_rows == 0 (free with flat_rows), K % 128 == 0.
     block_rows: rows per program (a power of two); each program quantizes
-      one [block_rows, 128 outer_blocks] tile.
+      one [block_rows, 128] tile.
     num_warps: warps per program.
-    outer_blocks: 128-wide outer blocks per program (a power of two; 1 with
-      flat_rows): more bytes per program and thread, the same result.
     flat_rows: quantize x as its row-major view of 128-wide rows, zero-padded
       to a power-of-two bucket (`_flat_rows`): the same result, and every
       small tensor of a bucket (a model's weights) runs one kernel instance.
@@ -345,14 +328,14 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
   Returns:
     NVFP4Tensor bitwise equal to `numerics.quantize_nvfp4(x, axis=-1)`.
   """
-  _check_input(x, block_rows, "quantize_nvfp4_rtn_triton", flat_rows=flat_rows, outer_blocks=outer_blocks)
+  _check_input(x, block_rows, "quantize_nvfp4_rtn_triton", flat_rows=flat_rows)
   return _quantize(x, None, None, axis=1, flat_rows=flat_rows, block_rows=block_rows, num_warps=num_warps,
-                   outer_blocks=outer_blocks, interpret=interpret)
+                   interpret=interpret)
 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
-                                   block_rows: int = 32, num_warps: int = 4, outer_blocks: int = 1,
-                                   flat_rows: bool = False, interpret: bool = False) -> NVFP4Tensor:
+                                   block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
+                                   interpret: bool = False) -> NVFP4Tensor:
   """TetraJet-v2's backward quantizer (Q3..Q6) of a 2-D array in one pass: RHT-16, double-block
   scales, stochastic rounding (round to nearest even with seed=None), as a Pallas Triton kernel.
 
@@ -369,8 +352,7 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
       zero-padded to a power-of-two bucket (`_flat_rows`), each flat row with
       its original row's key and pair offset: the same result, and every small
       tensor of a bucket runs one kernel instance.
-    block_rows, num_warps, outer_blocks, interpret: as `quantize_nvfp4_rtn_triton`
-      (outer_blocks > 1 along the last axis only).
+    block_rows, num_warps, interpret: as `quantize_nvfp4_rtn_triton`.
 
   Returns:
     NVFP4Tensor bitwise equal to `quantize_nvfp4(random_hadamard_16(x, rht_key, axis=axis),
@@ -383,10 +365,10 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
   axis %= 2
   if flat_rows and axis != 1:
     raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
-  _check_input(x, block_rows, name, axis, flat_rows=flat_rows, outer_blocks=outer_blocks)
+  _check_input(x, block_rows, name, axis, flat_rows=flat_rows)
   signs_16, seed = _checked_signs_and_seed(signs_16, seed, name)
   return _quantize(x, signs_16, seed, axis=axis, flat_rows=flat_rows, block_rows=block_rows,
-                   num_warps=num_warps, outer_blocks=outer_blocks, interpret=interpret)
+                   num_warps=num_warps, interpret=interpret)
 
 
 def _checked_signs_and_seed(signs_16, seed, name: str):
@@ -410,20 +392,18 @@ def _quantize(x, signs_16, seed, *, axis: int, flat_rows: bool, **opts) -> NVFP4
   return _instance(x, signs_16, keys, axis=axis, **opts)
 
 
-@functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "outer_blocks", "interpret"))
-def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, outer_blocks: int,
-              interpret: bool) -> NVFP4Tensor:
+@functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
+def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
   """One kernel instance: RTN (signs_16 None, along the last axis) or the backward quantizer."""
   shape = tuple(x.shape)
   rht = signs_16 is not None
-  opts = dict(block_rows=block_rows, num_warps=num_warps, outer_blocks=outer_blocks, interpret=interpret,
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret,
               name="nvfp4_backward_triton" if rht else "nvfp4_rtn_triton")
   if axis == 1:
     rows, k = shape
-    tiles = [(x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK), (block_rows, _BLOCKS * outer_blocks, INNER_BLOCK),
+    tiles = [(x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK), (block_rows, _BLOCKS, INNER_BLOCK),
               lambda i, j: (i, j, 0))]
-    kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret,
-                               outer_blocks=outer_blocks)
+    kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
     k, rows = x.shape
