@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from experiments.bench import lowering, step_profile, train_steps
+from experiments.bench import lowering, step_profile, targets, train_steps
 from experiments.bench.jobs import markdown_tables
 from experiments.bench.timing import REPO_ROOT
 
@@ -75,10 +75,19 @@ def file_section(path: str, result: dict) -> list[str]:
   return out
 
 
+TARGETS_INTRO = """## Against the targets
+
+Each item's newest figure per shape among the files below (listed newest
+first), at the default settings of the kernels and the layer; the last column
+names the file, its card and its commit, which may be older than the tree
+where no newer file measured the item. The targets are set for an H200."""
+
+
 def render(paths: list[str], root: Path = REPO_ROOT) -> str:
-  lines = [SOURCES_PREFIX + " ".join(paths) + " -->", "", INTRO]
-  for p in paths:
-    lines += file_section(p, json.loads((root / p).read_text(encoding="utf-8")))
+  results = [(p, json.loads((root / p).read_text(encoding="utf-8"))) for p in paths]
+  lines = [SOURCES_PREFIX + " ".join(paths) + " -->", "", INTRO, TARGETS_INTRO, "", targets.table(results), ""]
+  for p, result in results:
+    lines += file_section(p, result)
   return "\n".join(lines).rstrip() + "\n"
 
 
