@@ -80,6 +80,10 @@ def test_performance_doc_renders_a_profile(tmp_path):
   assert "commit abc1234, 2026-12-04" in text
   assert "| backward quantizer (Pallas) | 20.00 | 40% |" in text  # share of the summed kernel time
   assert "| mpmd_map.1 | mosaic_gpu_v2 | `u8[8,8]{1,0}` | 4.000 | backward quantizer (Pallas) |" in text
+  assert "(backend auto, oscillation monitor on): step 60.0 ms" in text  # a file without the kernels' settings
+  result["variants"] = {"gemm_tiling": "wide", "quantizer_kernels": "triton"}
+  assert "(backend auto, oscillation monitor on, wide GEMM tiles, triton quantizers): step 60.0 ms" in \
+      step_profile.table(result)
 
 
 def test_attribution_reads_the_module_that_ran():

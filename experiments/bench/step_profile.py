@@ -238,12 +238,16 @@ def measure(spec: dict) -> dict:
               scan_blocks=spec["scan_blocks"], oscillation_monitor=spec["monitor_oscillation"], steps=steps,
               step_ms=last["perf/step_time_s"] * 1e3, profiled_wall_ms_per_step=wall_s / steps * 1e3,
               kernel_ms_per_step=sum(by_op.values()) / steps / 1e6, busy_ms_per_step=busy_ns / steps / 1e6,
-              parts=parts, ops=ops[:spec["top"]], gpu_lines=line_names, hlo_module=ran)
+              parts=parts, ops=ops[:spec["top"]], gpu_lines=line_names, hlo_module=ran,
+              variants={v.key: v.current() for v in train_steps.VARIANTS})
 
 
 def table(result: dict) -> str:
+  # The kernels' environment settings (e.g. the GEMM tiles); files written before they were recorded have none.
+  labels = {v.key: v.label for v in train_steps.VARIANTS}
+  variants = "".join(f", {labels[k].format(v)}" for k, v in result.get("variants", {}).items() if k in labels)
   lines = [f"{result['model']} {result['arm']} (backend {result['backend']}, oscillation monitor "
-           f"{'on' if result['oscillation_monitor'] else 'off'}): step {result['step_ms']:.1f} ms, kernels "
+           f"{'on' if result['oscillation_monitor'] else 'off'}{variants}): step {result['step_ms']:.1f} ms, kernels "
            f"{result['kernel_ms_per_step']:.1f} ms summed, GPU busy {result['busy_ms_per_step']:.1f} ms per step",
            "", "| part | ms/step | share of kernel time |", "|---|---:|---:|"]
   total = result["kernel_ms_per_step"] or 1.0
