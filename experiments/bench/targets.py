@@ -87,11 +87,12 @@ def _shape(row: dict) -> str:
 def table(results: list[tuple[str, dict]]) -> str:
   """The markdown table: one row per target, item and source file (results newest first)."""
   lines = ["| target | item | figures | met | from |", "|---|---|---|---|---|"]
+  files = [(path, result, _rows(result)) for path, result in results]  # ratios once per file, for every target
   for t in targets():
     seen: set[tuple[str, str]] = set()
-    for path, result in results:
+    for path, result, rows in files:
       found: dict[str, list[tuple[str, float]]] = {}
-      for row in _rows(result):
+      for row in rows:
         item = row.get("kind") == t.kind and t.value in row and t.item(row)
         if item and (item, _shape(row)) not in seen:
           seen.add((item, _shape(row)))
