@@ -144,6 +144,24 @@ def test_lowering_section_counts_triton_kernels(monkeypatch):
   assert 0 < triton["mosaic_modules"] < mosaic["mosaic_modules"]
 
 
+def test_traced_compile_names_each_function_and_the_compilers_events():
+  """--trace-compile's summary on this backend: every function's compile time, and the host events
+  of its compile summed by name (XLA's own compile among them, never longer than the wall time of
+  the compiles it sits in), costliest first."""
+  import jax
+  import jax.numpy as jnp
+
+  spec = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+  lowered = {("a",): jax.jit(lambda x: jnp.sin(x) @ x.T).trace(spec).lower(),
+             ("b",): jax.jit(lambda x: jnp.cos(x) + 1).trace(spec).lower()}
+  seconds, events = lowering.traced_compile(lowered)
+  assert list(seconds) == ["('a',)", "('b',)"] and all(s > 0 for s in seconds.values())
+  by_name = {e["name"]: e for e in events}
+  compile_event = by_name["backend_compile_and_load"]
+  assert compile_event["count"] == 2 and 0 < compile_event["seconds"] <= sum(seconds.values())
+  assert [e["seconds"] for e in events] == sorted((e["seconds"] for e in events), reverse=True)
+
+
 def test_lowering_section_refuses_unknown_steps(capsys):
   with pytest.raises(SystemExit) as e:
     lowering.main(["--kernels", "", "--steps", "20m/fp8"])

@@ -25,15 +25,23 @@ calls to Pallas Triton kernels (TETRAJET_QUANTIZER_KERNELS=triton puts the
 block-scaled quantizers there; the row records which kernels ran). On a GPU
 host it then compiles each function, and compiles it again from a fresh
 lowering with the process's caches warm, which bounds the share of the
-compile that builds the Mosaic kernels' binaries.
+compile that builds the Mosaic kernels' binaries. `--trace-compile` runs the
+first compile under `jax.profiler` and lists where the host's time went: each
+function's compile seconds and the costliest events the trace names (XLA's
+passes, LLVM and ptxas, the Mosaic and Triton kernels' builds, autotuning),
+summed over threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 
 import jax
@@ -87,8 +95,37 @@ def lower_seconds(name: str) -> dict:
   return row
 
 
+def traced_compile(lowered: dict, top: int = 40) -> tuple[dict[str, float], list[dict]]:
+  """Compiles each Lowered of `lowered` in turn under `jax.profiler`: ({key: compile seconds},
+  the `top` host-trace events with the most summed time: name, count, seconds, threads). Events
+  nest (a pass inside its pipeline), so their seconds overlap; threads run at once, so a name's
+  seconds can exceed the wall time."""
+  trace_dir = tempfile.mkdtemp(prefix="tetrajet_compile_")
+  seconds = {}
+  try:
+    with jax.profiler.trace(trace_dir):
+      for key, low in lowered.items():
+        seconds[str(key)] = _seconds(low.compile)
+    [xspace] = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    data = jax.profiler.ProfileData.from_file(xspace)
+  finally:
+    shutil.rmtree(trace_dir, ignore_errors=True)
+  total, count, threads = collections.Counter(), collections.Counter(), collections.defaultdict(set)
+  for plane in data.planes:
+    if not plane.name.startswith("/host:"):
+      continue
+    for line in plane.lines:
+      for ev in line.events:
+        total[ev.name] += ev.duration_ns
+        count[ev.name] += 1
+        threads[ev.name].add(line.name)
+  events = [dict(name=name, count=count[name], seconds=ns / 1e9, threads=len(threads[name]))
+            for name, ns in total.most_common(top)]
+  return seconds, events
+
+
 def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_size: int = 32,
-                       seq_len: int = 1024, evaluation: bool = False) -> dict:
+                       seq_len: int = 1024, evaluation: bool = False, trace_compile: bool = False) -> dict:
   """Wall time to trace and lower for CUDA every function a run of `arm` compiles
   (`Trainer.lower_run`: the train step of each OutControl phase, a split update's halves in each
   OsciReset window phase, and with `evaluation` the validation passes), with the count of Mosaic
@@ -115,7 +152,11 @@ def step_lower_seconds(model: str, arm: str, layers: int | None = None, batch_si
       # XLA's compile of each function, one after the other, then again from a fresh lowering with the
       # process's caches warm (Mosaic's kernel binaries by hash, XLA's autotuning results): the
       # difference is what those caches hold, so compile_s - recompile_s bounds the kernels' build time.
-      row["compile_s"] = sum(_seconds(low.compile) for low in lowered.values())
+      if trace_compile:
+        row["compile_s_per_function"], row["compile_events"] = traced_compile(lowered)
+        row["compile_s"] = sum(row["compile_s_per_function"].values())
+      else:
+        row["compile_s"] = sum(_seconds(low.compile) for low in lowered.values())
       jax.clear_caches()
       again = trainer.lower_run(evaluation=evaluation, platforms=("cuda",))[1]
       row["recompile_s"] = sum(_seconds(low.compile) for low in again.values())
@@ -149,6 +190,8 @@ def main(argv=None) -> dict:
   p.add_argument("--steps", default="", help="comma list of MODEL/ARM train steps to lower (e.g. 20m/tetrajet_v2)")
   p.add_argument("--layers", type=int, default=None, help="--steps: blocks of the model (default: its own)")
   p.add_argument("--evaluation", action="store_true", help="--steps: lower the run's validation passes too")
+  p.add_argument("--trace-compile", action="store_true",
+                 help="--steps on a GPU host: trace the first compile and list its costliest host events")
   p.add_argument("--out", default="")
   a = p.parse_args(argv)
   names = a.kernels.split(",") if a.kernels else []
@@ -165,7 +208,8 @@ def main(argv=None) -> dict:
     rows.append(lower_seconds(name))
     print(json.dumps(rows[-1]), flush=True)
   for model, arm in steps:
-    rows.append(step_lower_seconds(model, arm, layers=a.layers, evaluation=a.evaluation))
+    rows.append(step_lower_seconds(model, arm, layers=a.layers, evaluation=a.evaluation,
+                                   trace_compile=a.trace_compile))
     print(json.dumps(rows[-1]), flush=True)
   result = dict(kind="lowering", host_cpus=os.cpu_count(), commit=commit_id(), date=time.strftime("%Y-%m-%d"),
                 shape=list(SHAPE), rows=rows)
@@ -176,6 +220,10 @@ def main(argv=None) -> dict:
                   if "compile_s" in r else "")
       print(f"  {r['step'] + ' run':<28} {r['lower_s']:7.1f} s  {r['functions']} functions, {r['mosaic_modules']} "
             f"Mosaic modules in {r['mosaic_calls']} calls{compiled}")
+      for key, sec in r.get("compile_s_per_function", {}).items():
+        print(f"    compile {key}: {sec:.1f} s")
+      for ev in r.get("compile_events", []):
+        print(f"    {ev['seconds']:8.2f} s {ev['count']:6d}x {ev['threads']:3d} threads  {ev['name'][:90]}")
       continue
     compiled = f"  then {r['compile_s']:.1f} s XLA compile on the GPU" if "compile_s" in r else ""
     print(f"  {r['kernel']:<28} {r['lower_s']:7.1f} s  {r['text_chars']:>9,} chars{compiled}")
