@@ -258,6 +258,19 @@ def test_precompile_fills_the_persistent_cache_for_every_phase(tmp_path, data):
     compilation_cache.reset_cache()
 
 
+def test_lower_run_lowers_every_phases_train_step_first(data):
+  """precompile starts each function's XLA compile as soon as it is lowered, so the train steps (the
+  longest compiles) come first, then the oscillation steps, validation and the forward."""
+  cfg = _cfg("tetrajet_v2_outcontrol", total_steps=6, eval_every=3)
+  trainer = Trainer(cfg, data, progress=False, tensorboard=False)
+  phases, lowered = trainer.lower_run(logits_shapes=[(2, 32)])
+  assert phases == ["fp4", "calibrate", "frozen"]
+  kinds = [key[0] for key in lowered]
+  assert kinds[:2] == ["train", "train"] and "train" not in kinds[2:]  # two graphs: fp4 and calibrate share one
+  assert sorted(kinds[2:]) == sorted(["oscillation/outside", "oscillation/first", "oscillation/inside", "eval",
+                                      "eval", "logits"]), kinds
+
+
 def test_validation_reports_each_source_group_and_their_sum(data):
   """Per-group validation (prose, code): each group's numbers are those of scoring that stream
   alone, and the overall ones add the groups' sums (token-weighted loss)."""

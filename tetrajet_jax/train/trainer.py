@@ -300,15 +300,20 @@ class Trainer:
         if on_lowered is not None:
           on_lowered(lowered[key])
     try:
-      for phase in phases:
-        g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-        for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
-          lower((kind, g), fn, *args)
-        if evaluation and phase in eval_phases:
-          lower(("eval", g), self._eval_fn(), params, model_vars, val_batch, tb)
-        for shape in (logits_shapes if evaluation and phase == final_phase else ()):
-          lower(("logits", shape), self._logits_jit(), params, model_vars,
-                jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
+      # Every phase's train step first: its XLA compile, the longest, then runs beside the rest's lowering.
+      for train_steps in (True, False):
+        for phase in phases:
+          g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
+          for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
+            if (kind == "train") == train_steps:
+              lower((kind, g), fn, *args)
+          if train_steps:
+            continue
+          if evaluation and phase in eval_phases:
+            lower(("eval", g), self._eval_fn(), params, model_vars, val_batch, tb)
+          for shape in (logits_shapes if evaluation and phase == final_phase else ()):
+            lower(("logits", shape), self._logits_jit(), params, model_vars,
+                  jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
     finally:
       self._graphdef = graphdef
     return list(phases), lowered
