@@ -141,18 +141,30 @@ def _load_decoded_columns(codes_ref, s_in_ref, s_out_ref, signs_ref) -> list[jax
   axis, as `dequantize_nvfp4_canonical` computes it: codes_ref [8, 16, bm/2] (the bytes of bm
   channels, channel 2p in the low nibble), s_in_ref [8, 16, bm/16] and s_out_ref [8, 16, 1]
   (float32). Reads half a byte per element where X_hat in float32 takes four, twice."""
+  return _decode_columns([(codes_ref[:, j, :], s_in_ref[:, j, :], s_out_ref[:, j, 0], signs_ref[j])
+                          for j in range(INNER_BLOCK)])
+
+
+@jax.jit
+def _decode_columns(loaded: list[tuple[jax.Array, ...]]) -> list[jax.Array]:
+  """`_load_decoded_columns` of the loaded slices: per element j of the blocks, the packed codes
+  [8, bm/2], inner scales [8, bm/16], outer scales [8] and the sign."""
   xs = []
-  for j in range(INNER_BLOCK):
-    pairs = codes_ref[:, j, :].astype(jnp.uint32)  # [8, bm/2]
+  for pairs, s_in, s_out, sign in loaded:
+    pairs = pairs.astype(jnp.uint32)
     codes = lax.stack([pairs & jnp.uint32(0xF), pairs >> 4], axis=-1)  # [8, bm/2, 2]
     codes = codes.reshape(pairs.shape[0], 2 * pairs.shape[1])
-    s_in = s_in_ref[:, j, :]  # [8, bm/16]: one scale per 16 channels
-    s_in = lax.broadcast_in_dim(s_in, (*s_in.shape, INNER_BLOCK), (0, 1)).reshape(codes.shape)
-    s_out = lax.broadcast_in_dim(s_out_ref[:, j, 0], codes.shape, (0,))
-    xs.append(((decode_e2m1(codes) * s_in) * s_out) * signs_ref[j])
+    s_in = lax.broadcast_in_dim(s_in, (*s_in.shape, INNER_BLOCK), (0, 1)).reshape(codes.shape)  # per 16 channels
+    s_out = lax.broadcast_in_dim(s_out, codes.shape, (0,))
+    xs.append(((decode_e2m1(codes) * s_in) * s_out) * sign)
   return xs
 
 
+# The kernels' array-level steps are jitted: a kernel body calls each as one nested jaxpr, traced
+# once per block shape and reused by every instance of that shape (the train step's quantizers
+# share a few tile shapes), which shortens tracing a step; lowering inlines them, so the kernel is
+# the same.
+@jax.jit
 def _rht16(xs: list[jax.Array]) -> list[jax.Array]:
   """(1/4) H16 on the sign products xs (element j of each block), with the operations of
   `numerics.hadamard.random_hadamard_16` in its order (pairs j, j ^ h for h = 1, 2, 4, 8, a + b at j
@@ -175,6 +187,11 @@ def _pair_hashes(keys_ref, shape: tuple[int, int], block_axis: int) -> list[jax.
     first = first + lax.broadcast_in_dim(keys_ref[1, :], shape, (rows_axis,))
   else:
     key = lax.broadcast_in_dim(keys_ref[...], shape, (rows_axis,))
+  return _block_pair_hashes(key, first)
+
+
+@jax.jit
+def _block_pair_hashes(key: jax.Array, first: jax.Array) -> list[jax.Array]:
   return [pair_hash(key, first + jnp.uint32(i)) for i in range(_PAIRS)]
 
 
@@ -191,6 +208,7 @@ def _outer_block_program(block_axis: int) -> jax.Array:
   return pl.program_id(0 if _blocks_first(block_axis) else 1)
 
 
+@functools.partial(jax.jit, static_argnames=("interpret", "block_axis"))
 def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int):
   """Quantizes 16 float32 tensors, element j of each inner block, with the 8 blocks of an outer
   block along block_axis ([bm, 8] for 1, [8, bm] for 0). hashes: None (round to nearest even) or

@@ -19,6 +19,8 @@ share bits; rows differ through row_key.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,7 @@ def sr_seed(key: jax.Array) -> jax.Array:
   return jax.random.bits(key, (), jnp.uint32)
 
 
+@functools.partial(jax.jit, static_argnames="rows")  # traced once per row count
 def row_keys(seed: jax.typing.ArrayLike, rows: int) -> jax.Array:
   """uint32 [rows]: the per-row keys of the generator (module docstring)."""
   seed = jnp.asarray(seed).astype(jnp.uint32)

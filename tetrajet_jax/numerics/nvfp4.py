@@ -284,6 +284,11 @@ def nvfp4_bf16_operand(t: NVFP4Tensor) -> tuple[jax.Array, jax.Array]:
   if t.block_2d and t.scaling == "block":
     raise ValueError("nvfp4_bf16_operand: 2-D block-scaled tensors have 128x128 outer tiles; "
                      "dequantize them instead.")
+  return _bf16_operand(t)
+
+
+@jax.jit  # traced once per operand shape: a train step decodes the same shapes in several layers
+def _bf16_operand(t: NVFP4Tensor) -> tuple[jax.Array, jax.Array]:
   q = decode_e2m1(unpack_e2m1(t.codes))
   s_in, _ = _expand_scales(t)
   return (q * s_in).astype(jnp.bfloat16), t.scale_outer
