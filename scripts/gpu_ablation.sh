@@ -149,6 +149,8 @@ records.append({"commit": commit, "device": device, "command": f"python -m exper
                 "quantizer_kernels": _platform.quantizer_kernels(),
                 # The layer's GEMM tiles: the same products, another FP32 summation order when wide.
                 "gemm_tiling": _platform.gemm_tiling(),
+                # What the backward quantizers hand the backward GEMMs: the same products either way.
+                "backward_operands": _platform.backward_operands(),
                 "note": ("arms trained side by side on one GPU; final.json tokens/s are shared-GPU figures"
                          if int(n_procs) > 1 else "one arm at a time on the GPU: final.json tokens/s are the arm's alone"),
                 "finished_arms": finished})

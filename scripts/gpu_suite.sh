@@ -79,13 +79,15 @@ for section in linear gemm quant bwdquant; do
 done
 # Whole train steps per arm vs bf16 (tokens/s, compile time, peak memory), one process per arm;
 # TRAIN_QUANTIZER_KERNELS=mosaic,triton,triton_rtn times each FP4 arm with each quantizer family;
-# TRAIN_GEMM_TILING=narrow,overlap,wide with each tiling of the layer's NVFP4 GEMMs.
+# TRAIN_GEMM_TILING=narrow,overlap,wide with each tiling of the layer's NVFP4 GEMMs;
+# TRAIN_BACKWARD_OPERANDS=codes,bf16 with codes and with the quantizers' bf16 backward GEMM operands.
 stage bench_train "${T_BENCH_TRAIN:-400}" python3 -m experiments.bench train --models "${TRAIN_MODELS:-20m}" \
   --arms "${TRAIN_ARMS:-bf16,nvidia_nvfp4,tetrajet_v2,tetrajet_v2_full}" --backend "${TRAIN_BACKEND:-auto}" \
   --scan-blocks "${TRAIN_SCAN:-default}" --steps "${TRAIN_STEPS:-20}" ${TRAIN_LAYERS:+--layers "$TRAIN_LAYERS"} \
   ${TRAIN_NO_MONITOR:+--no-oscillation-monitor} ${TRAIN_SEMANTICS:+--quantizer-semantics "$TRAIN_SEMANTICS"} \
   ${TRAIN_QUANTIZER_KERNELS:+--quantizer-kernels "$TRAIN_QUANTIZER_KERNELS"} \
-  ${TRAIN_GEMM_TILING:+--gemm-tiling "$TRAIN_GEMM_TILING"} --out "$OUT/bench_train.json"
+  ${TRAIN_GEMM_TILING:+--gemm-tiling "$TRAIN_GEMM_TILING"} \
+  ${TRAIN_BACKWARD_OPERANDS:+--backward-operands "$TRAIN_BACKWARD_OPERANDS"} --out "$OUT/bench_train.json"
 # Where one arm's step spends its GPU time, per part and per instruction (one process per arm).
 # The profile takes one model: PROFILE_MODEL, by default the first of TRAIN_MODELS.
 for arm in ${PROFILE_ARMS:-bf16 tetrajet_v2}; do

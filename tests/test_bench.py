@@ -194,7 +194,8 @@ def test_quant_rows_keep_baselines_and_checks():
   names = [j.name for j in bench.select_rows(bench.backward_quantizer_jobs([(64, 256)]), re.compile("triton"))]
   assert any(n.startswith("copy") for n in names) and "xla rht+sr bfloat16 axis=0" in names
   assert "pallas rht+sr bfloat16 axis=0 check" in names and "pallas rht+sr bfloat16 axis=0" not in names
-  assert sum(n.startswith("triton") for n in names) == 2 * 2 * len(bench.TRITON_TILINGS) + 2  # + Q6's two ways
+  # Per dtype and axis the tilings and the backward operand's two ways; + Q6's two ways.
+  assert sum(n.startswith("triton") for n in names) == 2 * 2 * (len(bench.TRITON_TILINGS) + 2) + 2
   with pytest.raises(SystemExit):
     bench.main(["--only", "quant", "--quant-rows", "("])
 
@@ -224,10 +225,13 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   assert all(r["ok"] for r in rows), log.getvalue() + str([r for r in rows if not r["ok"]])
   names = [r["name"] for r in rows]
   # Per dtype and axis: XLA, the kernel, +operand, tiles from registers, the dense transform and lane
-  # semantics (the last three checked bitwise against the kernel), and the Triton kernel's tilings
-  # (checked bitwise against XLA); float32 along tokens, Q6 of X_hat both ways (from Q1's codes checked
-  # bitwise against the kernel on the decoded X_hat).
-  assert len(names) == 2 * 2 * (6 + len(bench.TRITON_TILINGS)) + 4 and "pallas rht+sr float32 axis=0 +operand" in names
+  # semantics (the last three checked bitwise against the kernel), the Triton kernel's tilings
+  # (checked bitwise against XLA) and its bf16 GEMM operand both ways (written by the kernel, checked
+  # bitwise against its codes' XLA decode); float32 along tokens, Q6 of X_hat both ways (from Q1's
+  # codes checked bitwise against the kernel on the decoded X_hat).
+  assert len(names) == 2 * 2 * (8 + len(bench.TRITON_TILINGS)) + 4 and "pallas rht+sr float32 axis=0 +operand" in names
+  assert {"triton rht+sr bfloat16 axis=0, then the XLA decode to the bf16 GEMM operand",
+          "triton rht+sr bfloat16 axis=0 writing the bf16 GEMM operand"} <= set(names)
   assert {"triton rht+sr float32 axis=0 on XLA-decoded X_hat",
           "triton rht+sr float32 axis=0 from Q1 codes"} <= set(names)
   assert "triton rht+sr float32 axis=0 rows64_w8" in names

@@ -649,6 +649,39 @@ def test_triton_quantizers_give_the_xla_layer_bitwise_interpret(rng, key, monkey
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="CPU only: on a GPU backend='auto' also runs the Pallas GEMMs, whose sums are "
+                    "ordered differently")
+def test_backward_gemm_operands_from_the_kernels_give_the_same_gradients_interpret(rng, key, monkeypatch):
+  """TETRAJET_BACKWARD_OPERANDS=bf16 (here: the module setting): Q3 and Q5 (dY) and Q6 (from Q1's
+  codes) hand the backward GEMMs their Triton kernels' bf16 operands, q s_in, instead of codes
+  (interpreted; GEMMs on XLA), and Q4 of the weights stays codes: y, dX and dW are the codes'
+  bit for bit, with OutControl's channel split, and each of those kernels was asked for operands."""
+  from tetrajet_jax.kernels import _flat_rows, _platform  # noqa: PLC0415
+
+  monkeypatch.setattr(_flat_rows, "MIN_BUCKET_ROWS", 64)  # the default bucket is slow to interpret
+  calls = record_kernel_calls(
+      monkeypatch, ["quantize_nvfp4_backward_triton", "requantize_nvfp4_backward_triton"],
+      lambda name, args, kwargs: (name, kwargs.get("axis"), kwargs.get("operand", False)))
+  monkeypatch.setattr(_platform, "QUANTIZER_KERNELS", "triton")
+  x = jnp.asarray(rng.standard_t(3.0, (128, 128)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((128, 128)) * 0.05, jnp.float32)
+  dy = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32)
+  outliers = jnp.arange(0, 128, 10)
+  results = {}
+  for operands in ("codes", "bf16"):
+    monkeypatch.setattr(_platform, "BACKWARD_OPERANDS", operands)
+    recipe = dataclasses.replace(recipes.TETRAJET_V2, name=f"tetrajet_v2_backward_{operands}")
+    with interpret_kernels("rtn", "backward"):
+      results[operands] = jax.jit(lambda k, r=recipe: grads(r, x, w, dy, k, backend="auto", outlier_idx=outliers))(key)
+  for what, a, b in zip(("y", "dx", "dw"), results["bf16"], results["codes"]):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), err_msg=what)
+  asked = {c for c in calls if c[2]}
+  assert asked == {("quantize_nvfp4_backward_triton", -1, True), ("quantize_nvfp4_backward_triton", 0, True),
+                   ("requantize_nvfp4_backward_triton", None, True)}, calls
+  assert ("quantize_nvfp4_backward_triton", -1, False) in calls  # Q4: the weights' codes, either way
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
                     reason="CPU only: on a GPU the GEMMs also run on Pallas (test_pallas_backward_is_the_same_"
                     "estimator_on_gpu covers the layer there)")
 def test_nvidia_quantizers_on_the_kernels_give_the_xla_layer_bitwise_interpret(rng, key, monkeypatch):

@@ -22,7 +22,7 @@ from tetrajet_jax.kernels import (GemmConfig, block_scaled_bf16_gemm, can_use_nv
                             nvfp4_gemm)
 from tetrajet_jax.kernels import _platform
 from tetrajet_jax.kernels.nvfp4_gemm import OVERLAP_CONFIG, WIDE_CONFIG, gemm_k_splits
-from tetrajet_jax.numerics import dequantize_nvfp4_canonical, quantize_nvfp4
+from tetrajet_jax.numerics import NVFP4Operand, dequantize_nvfp4_canonical, nvfp4_bf16_operand, quantize_nvfp4
 
 SMALL = GemmConfig(tile_m=64, tile_n=64, grid_tile_width=1)
 PAIRED = dataclasses.replace(SMALL, cluster_m=True)  # 2-CTA clusters sharing B tiles
@@ -71,6 +71,22 @@ def test_gemm_promotion_is_per_chunk_interpret(rng):
   wrong = (a_qs @ b_qs.T) * np.outer(np.asarray(a.scale_outer)[:, 0], np.asarray(b.scale_outer)[:, 0])
   assert rel_err(wrong, ref) > 1e-2  # the test data can tell the two apart
   assert rel_err(out, ref) < 1e-5
+
+
+def test_gemm_takes_quantizer_operands_bitwise_interpret(rng):
+  """An NVFP4Operand (the bf16 q s_in a quantizer kernel writes in place of codes) is the operand
+  the GEMM decodes the codes to: the same output bit for bit, mixed with an NVFP4Tensor too; and
+  the checks apply to it (K must match)."""
+  a, b = operands(rng, 128, 384, 256)
+  as_operand = lambda t: NVFP4Operand(*nvfp4_bf16_operand(t), shape=t.shape, axis=t.axis)
+  want = np.asarray(nvfp4_gemm(a, b, out_dtype=jnp.float32, config=SMALL, interpret=True))
+  for x, y in ((as_operand(a), as_operand(b)), (as_operand(a), b)):
+    assert can_use_nvfp4_gemm(x, y) == can_use_nvfp4_gemm(a, b)
+    np.testing.assert_array_equal(np.asarray(nvfp4_gemm(x, y, out_dtype=jnp.float32, config=SMALL, interpret=True)),
+                                  want)
+  c = quantize_nvfp4(jnp.ones((256, 256), jnp.float32), axis=-1)
+  with pytest.raises(ValueError, match="padded K differs"):
+    nvfp4_gemm(as_operand(a), as_operand(c), config=SMALL, interpret=True)
 
 
 @pytest.mark.parametrize("k_splits", [2, 4])

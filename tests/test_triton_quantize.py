@@ -24,7 +24,8 @@ from tetrajet_jax.kernels import _flat_rows, _platform
 from tetrajet_jax.kernels.nvfp4_quantize_backward import quantize_nvfp4_backward_reference
 from tetrajet_jax.kernels.nvfp4_quantize_triton import (quantize_nvfp4_backward_triton, quantize_nvfp4_rtn_triton,
                                                         requantize_nvfp4_backward_triton)
-from tetrajet_jax.numerics import dequantize_nvfp4_canonical, hadamard_signs, quantize_nvfp4, random_hadamard_16
+from tetrajet_jax.numerics import (NVFP4Operand, dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand,
+                                   quantize_nvfp4, random_hadamard_16)
 from tetrajet_jax.numerics.counter_rng import sr_seed
 
 
@@ -97,6 +98,42 @@ def test_requantize_from_codes_bitwise_interpret(rng, key, stochastic, rows):
   assert_same_tensor(got, _backward_want(x_hat, rht_key, sr_key, 0, stochastic))
 
 
+def _assert_operand_of(op, t):
+  """op (an NVFP4Operand) is t's bf16 GEMM operand and outer scales, bit for bit (NaN blocks as NaN)."""
+  values, s_out = nvfp4_bf16_operand(t)
+  assert isinstance(op, NVFP4Operand) and (op.shape, op.axis) == (t.shape, t.axis)
+  assert op.values.dtype == jnp.bfloat16 and op.values.shape == values.shape
+  np.testing.assert_array_equal(np.asarray(op.values.view(jnp.uint16)), np.asarray(values.view(jnp.uint16)))
+  np.testing.assert_array_equal(np.asarray(op.scale_outer), np.asarray(s_out))
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_backward_triton_operand_is_the_gemm_operand_of_its_codes_interpret(rng, key, dtype, axis, stochastic):
+  """operand=True writes q s_in in bfloat16 where the codes were: exactly what the GEMM decodes the
+  codes to (signed zeros, NaN and Inf blocks included), in the canonical layout, with the same
+  outer scales; the XLA fallback's values (`dequantize_nvfp4_canonical`) agree too."""
+  x = _edge_input(rng, (64, 256), dtype)
+  x = x if axis == -1 else x.T[:200]
+  rht_key, sr_key = jax.random.split(key)
+  args = (x, hadamard_signs(rht_key), sr_seed(sr_key) if stochastic else None)
+  t = quantize_nvfp4_backward_triton(*args, axis=axis, block_rows=16, interpret=True)
+  op = quantize_nvfp4_backward_triton(*args, axis=axis, block_rows=16, operand=True, interpret=True)
+  _assert_operand_of(op, t)
+  np.testing.assert_array_equal(np.asarray(dequantize_nvfp4_canonical(op)), np.asarray(dequantize_nvfp4_canonical(t)))
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_requantize_operand_is_the_gemm_operand_of_its_codes_interpret(rng, key, stochastic):
+  x = _edge_input(rng, (256, 256), jnp.bfloat16)
+  t = quantize_nvfp4(x, axis=-1)
+  rht_key, sr_key = jax.random.split(key)
+  args = (t, hadamard_signs(rht_key), sr_seed(sr_key) if stochastic else None)
+  _assert_operand_of(requantize_nvfp4_backward_triton(*args, rows=200, block_rows=16, operand=True, interpret=True),
+                     requantize_nvfp4_backward_triton(*args, rows=200, block_rows=16, interpret=True))
+
+
 def test_requantize_from_codes_bad_input(key):
   t = quantize_nvfp4(jnp.ones((64, 128)), axis=-1)
   signs = hadamard_signs(key)
@@ -129,7 +166,11 @@ def test_triton_kernels_lower_for_hopper(dtype):
          lambda v: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), flat_rows=True)] + [
       lambda v, axis=axis, seed=seed: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis)
       for axis in (-1, 0) for seed in (jnp.uint32(3), None)] + [
-      lambda v: requantize_nvfp4_backward_triton(quantize_nvfp4(v, axis=-1), signs, jnp.uint32(3), rows=200)]
+      lambda v: requantize_nvfp4_backward_triton(quantize_nvfp4(v, axis=-1), signs, jnp.uint32(3), rows=200)] + [
+      lambda v, axis=axis: quantize_nvfp4_backward_triton(v, signs, jnp.uint32(3), axis=axis, operand=True).values
+      for axis in (-1, 0)] + [
+      lambda v: requantize_nvfp4_backward_triton(quantize_nvfp4(v, axis=-1), signs, jnp.uint32(3), rows=200,
+                                                 operand=True).values]
   with _platform.assume_hopper():
     for fn in fns:
       text = jax.jit(fn).trace(spec).lower(lowering_platforms=("cuda",)).as_text()
@@ -208,6 +249,25 @@ def test_rtn_triton_bitwise_gpu(rng, dtype, shape):
   t = jax.jit(quantize_nvfp4_rtn_triton)(x)
   assert_same_tensor(t, jax.jit(lambda v: quantize_nvfp4(v, axis=-1))(x))
   assert_reference(t, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_backward_triton_operand_bitwise_gpu(rng, key, dtype, axis):
+  """The compiled operand kernels (both axes, and Q6's from codes) write what the GEMM decodes the
+  compiled codes kernels' output to, bit for bit."""
+  x = _edge_input(rng, (4096, 4096), dtype)
+  rht_key, sr_key = jax.random.split(key)
+  signs, seed = hadamard_signs(rht_key), sr_seed(sr_key)
+  fn = jax.jit(lambda v, s, operand: quantize_nvfp4_backward_triton(v, signs, s, axis=axis, operand=operand),
+               static_argnums=2)
+  _assert_operand_of(fn(x, seed, True), fn(x, seed, False))
+  if axis == -1:
+    t = quantize_nvfp4(x, axis=-1)
+    fn = jax.jit(lambda s, operand: requantize_nvfp4_backward_triton(t, signs, s, rows=4000, operand=operand),
+                 static_argnums=1)
+    _assert_operand_of(fn(seed, True), fn(seed, False))
 
 
 @pytest.mark.gpu

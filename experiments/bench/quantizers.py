@@ -208,6 +208,28 @@ def _q6_jobs(x, dname: str, shape, signs, bw, xla) -> list[Job]:
               (t, signs, seed), check=_same_as(decoded), row=row(from_codes, q1_bytes + out_bytes))]
 
 
+def _operand_jobs(x, dname: str, shape, axis: int, signs, bw, xla) -> list[Job]:
+  """The two ways a backward GEMM operand reaches the GEMM (TETRAJET_BACKWARD_OPERANDS): the Triton
+  kernel's codes, then XLA's decode to the bf16 operand; or the kernel writing that operand itself
+  (checked bitwise against the first). Bytes: what each reads and writes in HBM."""
+  seed = sr_seed(jax.random.key(12))
+  decoded = (f"triton rht+sr {dname} axis={axis}, then the XLA decode to the bf16 GEMM operand", shape)
+  operand = (f"triton rht+sr {dname} axis={axis} writing the bf16 GEMM operand", shape)
+  t = jax.eval_shape(lambda v: quantize_nvfp4_backward_triton(v, signs, seed, axis=axis), x)
+  values, s_out = jax.eval_shape(nvfp4_bf16_operand, t)
+  t_bytes, op_bytes = _nbytes((t.codes, t.scale_inner, t.scale_outer)), values.size * 2 + s_out.size * 4
+
+  def same_as_decoded(out, outs):
+    want = outs.get(decoded)
+    return None if want is not None and all(map(_same_bits, (out.values, out.scale_outer), want)) else \
+        f"MISMATCH vs {decoded[0]}"
+  row = lambda key, nb: lambda dt, out, times: _quant_row(key[0], key[1], dt, nb, bw(times), times[xla])
+  return [Job(decoded, lambda v, sg, sd: nvfp4_bf16_operand(quantize_nvfp4_backward_triton(v, sg, sd, axis=axis)),
+              (x, signs, seed), row=row(decoded, x.nbytes + 2 * t_bytes + op_bytes)),
+          Job(operand, lambda v, sg, sd: quantize_nvfp4_backward_triton(v, sg, sd, axis=axis, operand=True),
+              (x, signs, seed), check=same_as_decoded, row=row(operand, x.nbytes + op_bytes))]
+
+
 def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tilings: tuple = ()) -> list[Job]:
   """RHT-16 + SR quantizers (Q3..Q6) along the last axis and along the first
   axis: copy, XLA (RHT then quantize_nvfp4 SR), a check of the kernel on a
@@ -272,6 +294,7 @@ def backward_quantizer_jobs(shapes: list, inputs: tuple = QUANT_INPUTS[:1], tili
             v, sg, sd, axis=axis, block_rows=rows, num_warps=warps), (x, signs, sr_seed(jax.random.key(12))),
             check=_same_as(xla), row=lambda dt, out, times, tk=tk, nb=nb, bw=bw, xla=xla: _quant_row(
                 tk[0], tk[1], dt, nb, bw(times), times[xla])))
+      jobs += _operand_jobs(x, dname, shape, axis, signs, bw, xla)
       if dtype == jnp.float32 and axis == 0:
         jobs += _q6_jobs(x, dname, shape, signs, bw, xla)
       if dtype == jnp.bfloat16 and axis == -1:

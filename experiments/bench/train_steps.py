@@ -36,7 +36,9 @@ time and speed of each are measured against the same bf16 row:
 quantizer kernels, `kernels._platform`), `--lowering-cache on,off` (the
 process's Mosaic lowering cache, `kernels/_lowering_cache.py`) and
 `--quantizer-kernels mosaic,triton` (the kernels the block-scaled quantizers
-run on).
+run on), `--gemm-tiling` (the tiles of the layer's NVFP4 GEMMs) and
+`--backward-operands codes,bf16` (codes, or the bf16 operands the backward
+quantizers write for the backward GEMMs).
 
 The bf16 arm is always measured first, with the same model, shapes, attention
 and block layout; every ratio is to it.
@@ -104,6 +106,9 @@ VARIANTS = (
             "the kernels the block-scaled quantizers run on (kernels._platform)"),
     Variant("gemm_tiling", typing.get_args(_platform.GemmTiling), _platform.GEMM_TILING_ENV, str,
             _platform.gemm_tiling, "{} GEMM tiles", "the tiles of the layer's NVFP4 GEMMs (kernels._platform)"),
+    Variant("backward_operands", typing.get_args(_platform.BackwardOperands), _platform.BACKWARD_OPERANDS_ENV, str,
+            _platform.backward_operands, "{} backward operands",
+            "what the backward quantizers hand the backward GEMMs (kernels._platform)"),
 )
 
 

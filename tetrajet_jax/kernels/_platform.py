@@ -73,6 +73,23 @@ if GEMM_TILING not in typing.get_args(GemmTiling):
   raise ValueError(f"{GEMM_TILING_ENV}={GEMM_TILING!r}: use one of {', '.join(typing.get_args(GemmTiling))}.")
 
 
+# What the layer's backward quantizers hand the backward GEMMs where the Triton kernels run: "codes"
+# (the default: packed codes and scales, decoded to the GEMM's bf16 operand by an XLA pass) or "bf16"
+# (the kernel writes that operand, q * s_in in bfloat16, itself: `numerics.NVFP4Operand`, no decode
+# pass, 2 bytes written per element where codes take 0.56). The same products. Read once at import.
+BackwardOperands = Literal["codes", "bf16"]
+BACKWARD_OPERANDS_ENV = "TETRAJET_BACKWARD_OPERANDS"
+BACKWARD_OPERANDS: BackwardOperands = os.environ.get(BACKWARD_OPERANDS_ENV, "codes")  # type: ignore[assignment]
+if BACKWARD_OPERANDS not in typing.get_args(BackwardOperands):
+  raise ValueError(f"{BACKWARD_OPERANDS_ENV}={BACKWARD_OPERANDS!r}: "
+                   f"use one of {', '.join(typing.get_args(BackwardOperands))}.")
+
+
+def backward_operands() -> BackwardOperands:
+  """What the backward quantizers hand the backward GEMMs in this process (see BACKWARD_OPERANDS)."""
+  return BACKWARD_OPERANDS
+
+
 def gemm_tiling() -> GemmTiling:
   """The tiling family of the layer's NVFP4 GEMMs in this process (see GEMM_TILING)."""
   return GEMM_TILING

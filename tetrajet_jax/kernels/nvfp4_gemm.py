@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from tetrajet_jax.kernels import _platform
-from tetrajet_jax.numerics import NVFP4Tensor, dequantize_nvfp4_canonical, nvfp4_bf16_operand
+from tetrajet_jax.numerics import NVFP4Operand, NVFP4Tensor, dequantize_nvfp4_canonical, nvfp4_bf16_operand
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
 CHUNK_K = OUTER_BLOCK  # one FP32 outer block along K: the promotion interval
@@ -371,23 +371,31 @@ def can_use_pallas_gemm(m: int, n: int, kp: int, *, config: GemmConfig = DEFAULT
           and kp % CHUNK_K == 0 and kp > 0 and config.smem_bytes() <= _SMEM_BYTES)
 
 
-def _check_nvfp4(t: NVFP4Tensor, name: str, which: str):
-  if not isinstance(t, NVFP4Tensor):
-    raise TypeError(f"{name}: {which} must be an NVFP4Tensor, got {type(t).__name__}.")
+def operand_rows_and_k(t: NVFP4Tensor | NVFP4Operand) -> tuple[int, int]:
+  """(rows, padded K) of an operand's canonical layout."""
+  if isinstance(t, NVFP4Operand):
+    return t.values.shape[0], t.values.shape[-1]
+  return t.codes.shape[0], 2 * t.codes.shape[-1]
+
+
+def _check_nvfp4(t: NVFP4Tensor | NVFP4Operand, name: str, which: str):
+  if not isinstance(t, (NVFP4Tensor, NVFP4Operand)):
+    raise TypeError(f"{name}: {which} must be an NVFP4Tensor or NVFP4Operand, got {type(t).__name__}.")
   if len(t.shape) != 2:
     raise ValueError(f"{name}: {which} must be 2-D (canonical [rows, Kp]), got shape {t.shape}.")
-  if t.block_2d:
+  if isinstance(t, NVFP4Tensor) and t.block_2d:
     raise ValueError(f"{name}: {which} uses 16x16 blocks; this kernel takes 1x16 blocks along K "
                      "(quantize_nvfp4(x, axis=...) with block_2d=False).")
 
 
 @_platform.one_lowering_per_instance("out_dtype", "config", "k_splits", "interpret")
-def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, extra: tuple[jax.Array, jax.Array] | None = None,
+def nvfp4_gemm(a: NVFP4Tensor | NVFP4Operand, b: NVFP4Tensor | NVFP4Operand, *, extra: tuple[jax.Array, jax.Array] | None = None,
                out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG, k_splits: int | None = None,
                interpret: bool = False) -> jax.Array:
   """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].
 
-  a and b are 2-D NVFP4Tensors; their canonical layout (quantized axis moved
+  a and b are 2-D NVFP4Tensors, or NVFP4Operands (a quantizer kernel's bf16
+  operand: no decode pass); their canonical layout (quantized axis moved
   last, padded to Kp) is the GEMM operand, so a = quantize_nvfp4(x, axis=-1)
   gives A = x [M, K], and quantize_nvfp4(y, axis=0) gives A = y^T. Exact
   products, FP32 accumulation, outer scales promoted once per 128-wide K
@@ -404,8 +412,8 @@ def nvfp4_gemm(a: NVFP4Tensor, b: NVFP4Tensor, *, extra: tuple[jax.Array, jax.Ar
   """
   _check_nvfp4(a, "nvfp4_gemm", "a")
   _check_nvfp4(b, "nvfp4_gemm", "b")
-  if a.codes.shape[-1] != b.codes.shape[-1]:
-    raise ValueError(f"nvfp4_gemm: padded K differs: a {2 * a.codes.shape[-1]}, b {2 * b.codes.shape[-1]}; "
+  if operand_rows_and_k(a)[1] != operand_rows_and_k(b)[1]:
+    raise ValueError(f"nvfp4_gemm: padded K differs: a {operand_rows_and_k(a)[1]}, b {operand_rows_and_k(b)[1]}; "
                      f"logical shapes {a.shape} (axis {a.axis}) and {b.shape} (axis {b.axis}) must share K.")
   a_qs, a_so = nvfp4_bf16_operand(a)
   b_qs, b_so = nvfp4_bf16_operand(b)
@@ -430,13 +438,12 @@ def _with_extra_chunks(qs: jax.Array, so: jax.Array, x: jax.Array, which: str) -
 
 def can_use_nvfp4_gemm(a, b, *, config: GemmConfig = DEFAULT_CONFIG) -> bool:
   """True when nvfp4_gemm(a, b) runs here (Hopper GPU, supported operands and shapes)."""
-  if not (isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)):
+  if not all(isinstance(t, (NVFP4Tensor, NVFP4Operand)) for t in (a, b)):
     return False
-  if len(a.shape) != 2 or len(b.shape) != 2 or a.block_2d or b.block_2d:
+  if len(a.shape) != 2 or len(b.shape) != 2 or any(getattr(t, "block_2d", False) for t in (a, b)):
     return False
-  if a.codes.shape[-1] != b.codes.shape[-1]:
-    return False
-  return can_use_pallas_gemm(a.codes.shape[0], b.codes.shape[0], 2 * a.codes.shape[-1], config=config)
+  (m, kp), (n, kp_b) = operand_rows_and_k(a), operand_rows_and_k(b)
+  return kp == kp_b and can_use_pallas_gemm(m, n, kp, config=config)
 
 
 def nvfp4_gemm_reference(a: NVFP4Tensor, b: NVFP4Tensor, *, dtype=jnp.float32) -> jax.Array:

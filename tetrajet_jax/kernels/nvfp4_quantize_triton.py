@@ -64,12 +64,13 @@ import numpy as np
 from jax import lax
 
 from tetrajet_jax.kernels import _flat_rows
+from tetrajet_jax.kernels._triton_tiles import join_last, load_columns, load_decoded_columns, load_rows
 from tetrajet_jax.kernels._division import div_rn, reciprocal_rn
 from tetrajet_jax.kernels._platform import hopper_available
-from tetrajet_jax.numerics import NVFP4Tensor
+from tetrajet_jax.numerics import NVFP4Operand, NVFP4Tensor
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.counter_rng import high_bits, low_bits, pair_hash, row_keys
-from tetrajet_jax.numerics.e2m1 import E2M1_MAX, decode_e2m1, flush_subnormal, nearest_index, stochastic_index
+from tetrajet_jax.numerics.e2m1 import E2M1_MAX, flush_subnormal, grid_value, nearest_index, stochastic_index
 from tetrajet_jax.numerics.nvfp4 import INNER_BLOCK, OUTER_BLOCK
 from tetrajet_jax.numerics.scales import E4M3_MAX, E4M3_MIN_SUBNORMAL
 
@@ -103,61 +104,6 @@ def _scaled_magnitude(x: jax.Array, recip: jax.Array, interpret: bool) -> jax.Ar
   if interpret:
     return flush_subnormal(jnp.abs(x)) * recip
   return _ptx_f32("abs.ftz.f32 $0, $1;\n\tmul.ftz.f32 $0, $0, $2;", x, recip)
-
-
-def _split_last(x: jax.Array) -> list[jax.Array]:
-  """x [..., w] (w a power of two) as w tensors [...], element e of the last axis in entry e, by
-  size-2 splits only (what Triton's split takes), each tensor in the layout of x's leading axes."""
-  if x.shape[-1] == 1:
-    return [x.reshape(x.shape[:-1])]
-  even, odd = lax.unstack(x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2), axis=x.ndim)
-  return [t for pair in zip(_split_last(even), _split_last(odd)) for t in pair]
-
-
-def _load_rows(x_ref, signs_ref=None) -> list[jax.Array]:
-  """A tile of x [R, K] viewed [R, K/16, 16] (x_ref [bm, 8, 16]) as 16 float32 [bm, 8]: element j
-  of every inner block, times signs_ref[j] where given.
-
-  Each load x_ref[:, :, w q : w (q + 1)] is one 16-byte vector per (row, block) in one thread (w = 4
-  float32 or 8 bfloat16 elements), and the loads get the same layout, so a block's 16 elements sit
-  in one thread."""
-  width = 16 // x_ref.dtype.itemsize
-  xs = []
-  for q in range(INNER_BLOCK // width):
-    xs += _split_last(x_ref[:, :, pl.ds(width * q, width)].astype(jnp.float32))  # width of [bm, 8]
-  return xs if signs_ref is None else [x * signs_ref[j] for j, x in enumerate(xs)]
-
-
-def _load_columns(x_ref, signs_ref) -> list[jax.Array]:
-  """A tile of x [T, C] viewed [T/16, 16, C] (x_ref [8, 16, bm]) as 16 float32 [8, bm]: element j
-  of every inner block along T, times signs_ref[j]. Slice j is eight rows of bm contiguous columns
-  (a coalesced load), and the 16 slices get one layout, so a block's 16 elements sit in one thread
-  and the tile is never transposed."""
-  return [x_ref[:, j, :].astype(jnp.float32) * signs_ref[j] for j in range(INNER_BLOCK)]
-
-
-def _load_decoded_columns(codes_ref, s_in_ref, s_out_ref, signs_ref) -> list[jax.Array]:
-  """`_load_columns` of X_hat = (q s_in) s_out, decoded from a tensor quantized along its last
-  axis, as `dequantize_nvfp4_canonical` computes it: codes_ref [8, 16, bm/2] (the bytes of bm
-  channels, channel 2p in the low nibble), s_in_ref [8, 16, bm/16] and s_out_ref [8, 16, 1]
-  (float32). Reads half a byte per element where X_hat in float32 takes four, twice."""
-  return _decode_columns([(codes_ref[:, j, :], s_in_ref[:, j, :], s_out_ref[:, j, 0], signs_ref[j])
-                          for j in range(INNER_BLOCK)])
-
-
-@jax.jit
-def _decode_columns(loaded: list[tuple[jax.Array, ...]]) -> list[jax.Array]:
-  """`_load_decoded_columns` of the loaded slices: per element j of the blocks, the packed codes
-  [8, bm/2], inner scales [8, bm/16], outer scales [8] and the sign."""
-  xs = []
-  for pairs, s_in, s_out, sign in loaded:
-    pairs = pairs.astype(jnp.uint32)
-    codes = lax.stack([pairs & jnp.uint32(0xF), pairs >> 4], axis=-1)  # [8, bm/2, 2]
-    codes = codes.reshape(pairs.shape[0], 2 * pairs.shape[1])
-    s_in = lax.broadcast_in_dim(s_in, (*s_in.shape, INNER_BLOCK), (0, 1)).reshape(codes.shape)  # per 16 channels
-    s_out = lax.broadcast_in_dim(s_out, codes.shape, (0,))
-    xs.append(((decode_e2m1(codes) * s_in) * s_out) * sign)
-  return xs
 
 
 # The kernels' array-level steps are jitted: a kernel body calls each as one nested jaxpr, traced
@@ -208,14 +154,16 @@ def _outer_block_program(block_axis: int) -> jax.Array:
   return pl.program_id(0 if _blocks_first(block_axis) else 1)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "block_axis"))
-def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int):
+@functools.partial(jax.jit, static_argnames=("interpret", "block_axis", "operand"))
+def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, interpret: bool, block_axis: int,
+                       operand: bool = False):
   """Quantizes 16 float32 tensors, element j of each inner block, with the 8 blocks of an outer
   block along block_axis ([bm, 8] for 1, [8, bm] for 0). hashes: None (round to nearest even) or
   8 uint32 pair hashes (element 2i takes the low 16 bits, 2i + 1 the high). Returns the codes as
   two uint32 words stacked last (element 8w + i in bits 4i..4i+3 of word w, so their little-endian
   bytes are the packed bytes), the E4M3 inner scales (the shape of xs[0]) and the FP32 outer
-  scales [bm]."""
+  scales [bm]. operand: ([16 bf16 tensors q s_in, element j of each block], the outer scales)
+  instead, the GEMM's operand (`numerics.nvfp4_bf16_operand`) with no codes in between."""
   shape, rows_axis = xs[0].shape, 1 - block_axis
   div = functools.partial(div_rn, interpret=interpret, ptx=_ptx_f32)
   amax_bits = functools.reduce(jnp.maximum, [_abs_bits(x) for x in xs])  # per block, in one thread
@@ -228,48 +176,67 @@ def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, inte
   s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
   s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
   recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
-  words = [jnp.zeros(shape, jnp.uint32) for _ in range(2)]
+  words, values = [jnp.zeros(shape, jnp.uint32) for _ in range(2)], []
   for j, x in enumerate(xs):
     v = _scaled_magnitude(x, recip, interpret)
     idx = nearest_index(v) if hashes is None else stochastic_index(v, (high_bits if j % 2 else low_bits)(hashes[j // 2]))
-    code = jnp.where((x < 0.0) & (idx > 0), idx | 8, idx).astype(jnp.uint32)
+    negative = (x < 0.0) & (idx > 0)  # zero stays +0, as its code does
+    if operand:  # q s_in has at most 2 + 4 significant bits: exact in float32 and in bfloat16
+      q = grid_value(idx) * s_in
+      values.append(jnp.where(negative, -q, q).astype(jnp.bfloat16))
+      continue
+    code = jnp.where(negative, idx | 8, idx).astype(jnp.uint32)
     words[j // 8] = words[j // 8] + (code << jnp.uint32(4 * (j % 8)))  # disjoint nibbles: + is |, one LEA
+  if operand:
+    return values, s_out
   return jnp.stack(words, axis=-1), s_in.astype(jnp.float8_e4m3fn), s_out
 
 
-def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool):
+def _rows_kernel(x_ref, *refs, rht: bool, stochastic: bool, interpret: bool, operand: bool = False):
   """One [bm, 8, 16] tile of x viewed [R, K/16, 16], quantized along the last axis: RTN, or the
-  backward quantizer (RHT, then SR with the row keys, or RTN)."""
+  backward quantizer (RHT, then SR with the row keys, or RTN). operand: writes the bf16 GEMM
+  operand [bm, 8, 16] and the outer scales (`_quantize_elements`)."""
   signs_ref, refs = (refs[0], refs[1:]) if rht else (None, refs)
-  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  xs = _load_rows(x_ref, signs_ref)
+  keys_ref, *out_refs = refs if stochastic else (None, *refs)
+  xs = load_rows(x_ref, signs_ref)
   xs = _rht16(xs) if rht else xs
   hashes = _pair_hashes(keys_ref, xs[0].shape, 1) if stochastic else None
+  if operand:
+    values, s_out = _quantize_elements(xs, hashes, interpret, block_axis=1, operand=True)
+    out_refs[0][...], out_refs[1][...] = join_last(values), s_out[:, None]
+    return
   codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=1)
-  codes_ref[...], s_in_ref[...], s_out_ref[...] = codes, s_in, s_out[:, None]
+  out_refs[0][...], out_refs[1][...], out_refs[2][...] = codes, s_in, s_out[:, None]
 
 
-def _columns_kernel(*refs, stochastic: bool, interpret: bool, decoded: bool = False):
+def _columns_kernel(*refs, stochastic: bool, interpret: bool, decoded: bool = False, operand: bool = False):
   """One [8, 16, bm] tile of x viewed [T/16, 16, C], quantized along the first axis (RHT, then SR
   or RTN): bm canonical rows (columns of x), one outer block of tokens each. Only the per-block
   results are transposed to the canonical layout. decoded: x is X_hat, read from the refs of
-  `_load_decoded_columns` in place of x_ref."""
+  `load_decoded_columns` in place of x_ref. operand: as in `_rows_kernel` (the values transposed
+  to the canonical [bm, 8, 16])."""
   loaded, refs = (refs[:4], refs[4:]) if decoded else (refs[:2], refs[2:])
-  keys_ref, codes_ref, s_in_ref, s_out_ref = refs if stochastic else (None, *refs)
-  xs = _rht16(_load_decoded_columns(*loaded) if decoded else _load_columns(*loaded))
+  keys_ref, *out_refs = refs if stochastic else (None, *refs)
+  xs = _rht16(load_decoded_columns(*loaded) if decoded else load_columns(*loaded))
   hashes = _pair_hashes(keys_ref, xs[0].shape, 0) if stochastic else None
+  if operand:
+    values, s_out = _quantize_elements(xs, hashes, interpret, block_axis=0, operand=True)
+    out_refs[0][...], out_refs[1][...] = jnp.transpose(join_last(values), (1, 0, 2)), s_out[:, None]
+    return
   codes, s_in, s_out = _quantize_elements(xs, hashes, interpret, block_axis=0)
-  codes_ref[...], s_in_ref[...], s_out_ref[...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
+  out_refs[0][...], out_refs[1][...], out_refs[2][...] = jnp.transpose(codes, (1, 0, 2)), s_in.T, s_out[:, None]
 
 
 def _quantizer_call(kernel, tiles: list[tuple[jax.Array, tuple[int, ...], object]], block_axis: int, signs_16, keys,
-                    rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str):
+                    rows: int, k: int, *, block_rows: int, num_warps: int, interpret: bool, name: str,
+                    operand: bool = False):
   """The quantizer grid over tiles of [block_rows canonical rows, 128] (tile (i, j): rows block i,
   outer block j; tiles: the inputs as (array, block shape, block index of (i, j)), and
   `_blocks_first` orders the grid):
   codes [rows, k/2] uint8, E4M3 inner scales [rows, k/16], FP32 outer scales [rows, k/128]. keys:
   None, uint32 [rows] or [2, rows] (`_pair_hashes`). The kernel writes two uint32 code words per
-  inner block."""
+  inner block. operand (a kernel built with operand=True): (bf16 values q s_in [rows, k], outer
+  scales) instead."""
   kb = k // OUTER_BLOCK
   if _blocks_first(block_axis):
     grid, tile_of = (kb, rows // block_rows), lambda index: lambda j, i: index(i, j)
@@ -287,22 +254,32 @@ def _quantizer_call(kernel, tiles: list[tuple[jax.Array, tuple[int, ...], object
     in_specs.append(spec((block_rows,), lambda i, j: (i,)) if keys.ndim == 1
                     else spec((2, block_rows), lambda i, j: (0, i)))
     args.append(keys)
-  words, s_in, s_out = pl.pallas_call(
-      kernel, out_shape=(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
-                         jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
-                         jax.ShapeDtypeStruct((rows, kb), jnp.float32)),
-      grid=grid, in_specs=in_specs,
-      out_specs=[spec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0)),
-                 spec((block_rows, _BLOCKS), lambda i, j: (i, j)),
-                 spec((block_rows, 1), lambda i, j: (i, j))],
+  s_out_spec = (jax.ShapeDtypeStruct((rows, kb), jnp.float32), spec((block_rows, 1), lambda i, j: (i, j)))
+  if operand:
+    outs = [(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, INNER_BLOCK), jnp.bfloat16),
+             spec((block_rows, _BLOCKS, INNER_BLOCK), lambda i, j: (i, j, 0))), s_out_spec]
+  else:
+    outs = [(jax.ShapeDtypeStruct((rows, k // INNER_BLOCK, 2), jnp.uint32),
+             spec((block_rows, _BLOCKS, 2), lambda i, j: (i, j, 0))),
+            (jax.ShapeDtypeStruct((rows, k // INNER_BLOCK), jnp.float8_e4m3fn),
+             spec((block_rows, _BLOCKS), lambda i, j: (i, j))), s_out_spec]
+  results = pl.pallas_call(
+      kernel, out_shape=tuple(shape for shape, _ in outs), grid=grid, in_specs=in_specs,
+      out_specs=[out_spec for _, out_spec in outs],
       compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
-      interpret=interpret, name=name,
+      interpret=interpret, name=name + ("_operand" if operand else ""),
   )(*args)
+  if operand:
+    values, s_out = results
+    return values.reshape(rows, k), s_out
+  words, s_in, s_out = results
   codes = lax.bitcast_convert_type(words, jnp.uint8)  # [rows, k/16, 2, 4]: the packed bytes in order
   return codes.reshape(rows, k // 2), s_in, s_out
 
 
-def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor:
+def _tensor(outs, shape: tuple[int, ...], axis: int) -> NVFP4Tensor | NVFP4Operand:
+  if len(outs) == 2:
+    return NVFP4Operand(values=outs[0], scale_outer=outs[1], shape=shape, axis=axis)
   codes, s_in, s_out = outs
   return NVFP4Tensor(codes=codes, scale_inner=s_in, scale_outer=s_out, shape=shape, axis=axis, scaling="block",
                      block_2d=False)
@@ -353,7 +330,7 @@ def quantize_nvfp4_rtn_triton(x: jax.Array, *, block_rows: int = 32, num_warps: 
 
 def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.Array | None, *, axis: int = -1,
                                    block_rows: int = 32, num_warps: int = 4, flat_rows: bool = False,
-                                   interpret: bool = False) -> NVFP4Tensor:
+                                   operand: bool = False, interpret: bool = False) -> NVFP4Tensor | NVFP4Operand:
   """TetraJet-v2's backward quantizer (Q3..Q6) of a 2-D array in one pass: RHT-16, double-block
   scales, stochastic rounding (round to nearest even with seed=None), as a Pallas Triton kernel.
 
@@ -370,6 +347,8 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
       zero-padded to a power-of-two bucket (`_flat_rows`), each flat row with
       its original row's key and pair offset: the same result, and every small
       tensor of a bucket runs one kernel instance.
+    operand: return the GEMM's bf16 operand (an NVFP4Operand, bitwise `nvfp4_bf16_operand` of
+      the NVFP4Tensor) in place of codes and inner scales: no decode pass before the GEMM.
     block_rows, num_warps, interpret: as `quantize_nvfp4_rtn_triton`.
 
   Returns:
@@ -381,12 +360,13 @@ def quantize_nvfp4_backward_triton(x: jax.Array, signs_16: jax.Array, seed: jax.
   if axis not in (-1, 0, 1):
     raise ValueError(f"{name}: axis={axis} must be -1/1 (last axis) or 0 (first axis).")
   axis %= 2
-  if flat_rows and axis != 1:
-    raise ValueError(f"{name}: flat_rows quantizes along the last axis; got axis={axis}.")
+  if flat_rows and (axis != 1 or operand):
+    raise ValueError(f"{name}: flat_rows quantizes along the last axis into codes; got axis={axis}, "
+                     f"operand={operand}.")
   _check_input(x, block_rows, name, axis, flat_rows=flat_rows)
   signs_16, seed = _checked_signs_and_seed(signs_16, seed, name)
   return _quantize(x, signs_16, seed, axis=axis, flat_rows=flat_rows, block_rows=block_rows,
-                   num_warps=num_warps, interpret=interpret)
+                   num_warps=num_warps, interpret=interpret, operand=operand)
 
 
 def _checked_signs_and_seed(signs_16, seed, name: str):
@@ -410,36 +390,39 @@ def _quantize(x, signs_16, seed, *, axis: int, flat_rows: bool, **opts) -> NVFP4
   return _instance(x, signs_16, keys, axis=axis, **opts)
 
 
-@functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret"))
-def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool) -> NVFP4Tensor:
+@functools.partial(jax.jit, static_argnames=("axis", "block_rows", "num_warps", "interpret", "operand"))
+def _instance(x, signs_16, keys, *, axis: int, block_rows: int, num_warps: int, interpret: bool,
+              operand: bool = False) -> NVFP4Tensor | NVFP4Operand:
   """One kernel instance: RTN (signs_16 None, along the last axis) or the backward quantizer."""
   shape = tuple(x.shape)
   rht = signs_16 is not None
-  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret,
+  opts = dict(block_rows=block_rows, num_warps=num_warps, interpret=interpret, operand=operand,
               name="nvfp4_backward_triton" if rht else "nvfp4_rtn_triton")
   if axis == 1:
     rows, k = shape
     tiles = [(x.reshape(rows, k // INNER_BLOCK, INNER_BLOCK), (block_rows, _BLOCKS, INNER_BLOCK),
               lambda i, j: (i, j, 0))]
-    kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret)
+    kernel = functools.partial(_rows_kernel, rht=rht, stochastic=keys is not None, interpret=interpret,
+                               operand=operand)
   else:
     x = pad_axis_to_multiple(x, 0, OUTER_BLOCK)
     k, rows = x.shape
     tiles = [(x.reshape(k // INNER_BLOCK, INNER_BLOCK, rows), (_BLOCKS, INNER_BLOCK, block_rows),
               lambda i, j: (j, 0, i))]
-    kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret)
+    kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret, operand=operand)
   return _tensor(_quantizer_call(kernel, tiles, axis, signs_16, keys, rows, k, **opts), shape, axis)
 
 
 def requantize_nvfp4_backward_triton(t: NVFP4Tensor, signs_16: jax.Array, seed: jax.Array | None, *, rows: int,
-                                     block_rows: int = 32, num_warps: int = 4, interpret: bool = False) -> NVFP4Tensor:
+                                     block_rows: int = 32, num_warps: int = 4, operand: bool = False,
+                                     interpret: bool = False) -> NVFP4Tensor | NVFP4Operand:
   """The backward quantizer along axis 0 of X_hat = dequantize_nvfp4_canonical(t)[:rows], reading
   t's codes and scales instead of X_hat (TetraJet-v2's Q6 re-quantizes the forward's Q1 this way).
 
   Args:
     t: a 2-D block-scaled NVFP4Tensor in its canonical layout [M, K'] (quantized along its last
       axis, 1x16 blocks), K' % block_rows == 0.
-    signs_16, seed, block_rows, num_warps, interpret: as `quantize_nvfp4_backward_triton`.
+    signs_16, seed, block_rows, num_warps, operand, interpret: as `quantize_nvfp4_backward_triton`.
     rows: how many leading rows of X_hat to quantize, 0 < rows <= M; the kernel
       zero-pads them to whole 128-row blocks.
 
@@ -459,13 +442,13 @@ def requantize_nvfp4_backward_triton(t: NVFP4Tensor, signs_16: jax.Array, seed: 
     raise ValueError(f"{name}: block_rows={block_rows} must be between {INNER_BLOCK} and {OUTER_BLOCK}.")
   signs_16, seed = _checked_signs_and_seed(signs_16, seed, name)
   keys = None if seed is None else row_keys(seed, k)
-  return _decoded_instance(t.codes, t.scale_inner, t.scale_outer, signs_16, keys,
-                           rows=rows, block_rows=block_rows, num_warps=num_warps, interpret=interpret)
+  return _decoded_instance(t.codes, t.scale_inner, t.scale_outer, signs_16, keys, rows=rows, block_rows=block_rows,
+                           num_warps=num_warps, operand=operand, interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "block_rows", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rows", "block_rows", "num_warps", "operand", "interpret"))
 def _decoded_instance(codes, scale_inner, scale_outer, signs_16, keys, *, rows: int, block_rows: int, num_warps: int,
-                      interpret: bool) -> NVFP4Tensor:
+                      operand: bool, interpret: bool) -> NVFP4Tensor | NVFP4Operand:
   """One instance of the decoding backward kernel: rows of X_hat padded with zero codes (scales
   of 1) to whole 128-token blocks."""
   mp, k = -(-rows // OUTER_BLOCK) * OUTER_BLOCK, 2 * codes.shape[1]
@@ -475,9 +458,10 @@ def _decoded_instance(codes, scale_inner, scale_outer, signs_16, keys, *, rows: 
   tiles = [(view(codes), (_BLOCKS, INNER_BLOCK, block_rows // 2), lambda i, j: (j, 0, i)),
            (view(s_in), (_BLOCKS, INNER_BLOCK, block_rows // INNER_BLOCK), lambda i, j: (j, 0, i)),
            (view(s_out), (_BLOCKS, INNER_BLOCK, 1), lambda i, j: (j, 0, i * block_rows // OUTER_BLOCK))]
-  kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret, decoded=True)
+  kernel = functools.partial(_columns_kernel, stochastic=keys is not None, interpret=interpret, decoded=True,
+                             operand=operand)
   outs = _quantizer_call(kernel, tiles, 0, signs_16, keys, k, mp, block_rows=block_rows, num_warps=num_warps,
-                         interpret=interpret, name="nvfp4_requantize_triton")
+                         interpret=interpret, name="nvfp4_requantize_triton", operand=operand)
   return _tensor(outs, (rows, k), 0)
 
 

@@ -49,14 +49,14 @@ from jax import lax
 
 from tetrajet_jax import kernels
 from tetrajet_jax.linear.recipes import BACKENDS, Backend, Rounding, Scaling
-from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
+from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Operand, NVFP4Tensor, counter_rng, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, hadamard_signs, nvfp4_bf16_operand,
                                    tensor_outer_scale)
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
 from tetrajet_jax.numerics.nvfp4 import OUTER_BLOCK
 
 KERNELS = ("rtn", "backward", "gemm")  # names for interpret_kernels
-Operand = Union[NVFP4Tensor, MXFP8Tensor, jax.Array]
+Operand = Union[NVFP4Tensor, NVFP4Operand, MXFP8Tensor, jax.Array]
 
 _interpreted: frozenset[str] = frozenset()
 
@@ -96,8 +96,8 @@ def interpreted() -> frozenset[str]:
 
 
 def _padded_k(op: Operand) -> int:
-  if isinstance(op, NVFP4Tensor):
-    return op.codes.shape[-1] * 2
+  if isinstance(op, (NVFP4Tensor, NVFP4Operand)):
+    return kernels.operand_rows_and_k(op)[1]
   if isinstance(op, MXFP8Tensor):
     return op.data.shape[-1]
   return op.shape[-1]
@@ -105,7 +105,7 @@ def _padded_k(op: Operand) -> int:
 
 def _dense(op: Operand, dtype) -> jax.Array:
   """The operand's values as a dense [rows, Kp] array of `dtype`."""
-  if isinstance(op, NVFP4Tensor):
+  if isinstance(op, (NVFP4Tensor, NVFP4Operand)):
     if op.ndim != 2:
       raise ValueError(f"gemm: NVFP4 operands must be 2-D, got logical shape {op.shape}.")
     return dequantize_nvfp4_canonical(op, dtype)
@@ -195,9 +195,16 @@ def rtn_quantize(x: jax.Array, backend: Backend, *, scaling: Scaling = "block",
   return t if padded_shape == x.shape else dataclasses.replace(t, shape=tuple(x.shape))
 
 
+def gemm_operands() -> bool:
+  """Whether the backward quantizers write the backward GEMMs' bf16 operands (`NVFP4Operand`) where
+  the Triton kernels run (TETRAJET_BACKWARD_OPERANDS=bf16, `kernels._platform`) instead of codes."""
+  return kernels.backward_operands() == "bf16"
+
+
 def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array | None, *, axis: int,
                       rounding: Rounding = "stochastic", scaling: Scaling = "block",
-                      backend: Backend, flat_rows: bool = False) -> NVFP4Tensor | None:
+                      backend: Backend, flat_rows: bool = False,
+                      operand: bool = False) -> NVFP4Tensor | NVFP4Operand | None:
   """The fused Pallas backward quantizer (RHT-16 if rht_key is given, NVFP4
   scales, stochastic rounding or RTN, in one pass) where the backend runs it,
   else None (XLA).
@@ -210,7 +217,8 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   accumulation order; without RHT they are x itself). Tensor scaling first
   takes the amax of the transformed values (`kernels.transformed_amax`, or an
   XLA reduction of |x| without RHT). flat_rows (the weights, along the last axis): the
-  kernel's flat view, one instance for every small tensor; the same result.
+  kernel's flat view, one instance for every small tensor; the same result. operand: where the
+  Triton kernel runs (without flat_rows), its bf16 GEMM operand (`NVFP4Operand`) in place of codes.
   """
   what = (f"{'RHT + ' if rht_key is not None else ''}{rounding} {scaling}-scaled quantizer for {x.dtype}{x.shape} "
           f"along axis {axis}")
@@ -223,8 +231,9 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
   signs = None if rht_key is None else hadamard_signs(rht_key)
   seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
   if triton:
-    return kernels.quantize_nvfp4_backward_triton(x, signs, seed, axis=axis, flat_rows=flat_rows and axis in (-1, 1),
-                                                  **_interpret("backward"))
+    flat = flat_rows and axis in (-1, 1)
+    return kernels.quantize_nvfp4_backward_triton(x, signs, seed, axis=axis, flat_rows=flat,
+                                                  operand=operand and not flat, **_interpret("backward"))
   scale = None
   if scaling == "tensor":
     amax = (jnp.max(jnp.abs(x)).astype(jnp.float32) if signs is None
@@ -235,11 +244,12 @@ def backward_quantize(x: jax.Array, rht_key: jax.Array | None, sr_key: jax.Array
 
 
 def backward_requantize(t: NVFP4Tensor, rows: int, rht_key: jax.Array, sr_key: jax.Array, *,
-                        rounding: Rounding = "stochastic", backend: Backend) -> NVFP4Tensor | None:
+                        rounding: Rounding = "stochastic", backend: Backend,
+                        operand: bool = False) -> NVFP4Tensor | NVFP4Operand | None:
   """backward_quantize(dequantize_nvfp4_canonical(t)[:rows], rht_key, sr_key, axis=0) read straight
   from t's codes and scales by the Triton kernel, so no float32 X_hat passes through memory (Q6 of
   the aligned recipes). None where that kernel does not run here: the caller then dequantizes and
-  calls backward_quantize, which applies the backend's rules."""
+  calls backward_quantize, which applies the backend's rules. operand: as backward_quantize's."""
   if backend not in ("auto", "pallas") or t.codes.ndim != 2 or t.block_2d or not _triton_quantizers(t.scaling,
                                                                                                     "backward"):
     return None
@@ -247,7 +257,7 @@ def backward_requantize(t: NVFP4Tensor, rows: int, rht_key: jax.Array, sr_key: j
   if not ("backward" in _interpreted or kernels.can_use_triton_quantizer((rows, k), jnp.float32, axis=0)):
     return None
   seed = counter_rng.sr_seed(sr_key) if rounding == "stochastic" else None
-  return kernels.requantize_nvfp4_backward_triton(t, hadamard_signs(rht_key), seed, rows=rows,
+  return kernels.requantize_nvfp4_backward_triton(t, hadamard_signs(rht_key), seed, rows=rows, operand=operand,
                                                   **_interpret("backward"))
 
 
@@ -266,9 +276,9 @@ def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.b
   """
   check_backend(backend)
   k = max(_padded_k(a), _padded_k(b))
-  both_fp4 = isinstance(a, NVFP4Tensor) and isinstance(b, NVFP4Tensor)
+  both_fp4 = all(isinstance(op, (NVFP4Tensor, NVFP4Operand)) for op in (a, b))
   if both_fp4:
-    config = kernels.layer_gemm_config(a.codes.shape[0], b.codes.shape[0])
+    config = kernels.layer_gemm_config(kernels.operand_rows_and_k(a)[0], kernels.operand_rows_and_k(b)[0])
     can = backend in ("auto", "pallas") and kernels.can_use_nvfp4_gemm(a, b, config=config)
     if _kernel_runs("gemm", can, backend, f"NVFP4 GEMM for {a.shape} x {b.shape}^T"):
       dense_extra = None if extra is None else tuple(_dense(op, jnp.bfloat16) for op in extra)
@@ -281,7 +291,7 @@ def gemm_nt(a: Operand, b: Operand, *, backend: Backend = "xla", out_dtype=jnp.b
     out = _dot_nt(_pad_k(_dense(a, jnp.float32), k), _pad_k(_dense(b, jnp.float32), k),
                   precision=lax.Precision.HIGHEST)
     return out.astype(out_dtype)
-  if both_fp4 and a.scaling == "tensor" and b.scaling == "tensor":
+  if both_fp4 and getattr(a, "scaling", "block") == "tensor" and getattr(b, "scaling", "block") == "tensor":
     qa, sa = nvfp4_bf16_operand(a)
     qb, sb = nvfp4_bf16_operand(b)
     out = _dot_nt(_pad_k(qa, k), _pad_k(qb, k)) * (sa * sb)

@@ -40,7 +40,7 @@ import numpy as np
 from tetrajet_jax.linear import recipes as recipes_lib
 from tetrajet_jax.linear import gemm as gemm_lib
 from tetrajet_jax.linear.gemm import backward_quantize, gemm_nt, rtn_quantize
-from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Tensor, dequantize_mxfp8_canonical,
+from tetrajet_jax.numerics import (MXFP8Tensor, NVFP4Operand, NVFP4Tensor, dequantize_mxfp8_canonical,
                                    dequantize_nvfp4_canonical, mxfp8_values, quantize_mxfp8, quantize_nvfp4,
                                    random_hadamard_16)
 from tetrajet_jax.numerics.checks import pad_axis_to_multiple
@@ -83,15 +83,16 @@ def _quantize(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, *, axis: int, w
 
 
 def _quantize_rht(x: jax.Array, i: int, recipe: Recipe, keys: _Keys, rht_key: jax.Array, rht: bool, *,
-                  axis: int, weight: bool = False, backend: gemm_lib.Backend = "xla") -> NVFP4Tensor | jax.Array:
+                  axis: int, weight: bool = False, backend: gemm_lib.Backend = "xla",
+                  operand: bool = False) -> NVFP4Tensor | NVFP4Operand | jax.Array:
   """Q(i)(RHT(x)) along `axis` (RHT only if `rht`): where the backend runs
   it, the fused kernel does transform, scales and rounding in one pass (RTN
   without RHT goes to the RTN kernel); elsewhere the XLA transform then
-  quantize_nvfp4."""
+  quantize_nvfp4. operand: the Triton kernel's bf16 GEMM operand where it runs."""
   cfg = recipe.quantizers[i - 1]
   if cfg.enabled and (rht or cfg.rounding == "stochastic") and _kernel_layout(x, recipe, weight):
     fused = backward_quantize(x, rht_key if rht else None, keys.q[i - 1], axis=axis, rounding=cfg.rounding,
-                              scaling=recipe.scaling, backend=backend, flat_rows=weight)
+                              scaling=recipe.scaling, backend=backend, flat_rows=weight, operand=operand)
     if fused is not None:
       return fused
   return _quantize(_rht(x.astype(jnp.float32), rht_key, rht, axis), i, recipe, keys, axis=axis, weight=weight,
@@ -266,22 +267,23 @@ def _forward(x, kernel, key, split: ChannelSplit | None, recipe: Recipe):
   return y.astype(recipe.out_dtype), res
 
 
-def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys):
+def _wgrad_x_operand(x_src: jax.Array, recipe: Recipe, keys: _Keys, operand: bool = False):
   """Q6: X (or X_hat) along tokens M, padded to 128, RHT with key_dw. X stays in its dtype
   (NVIDIA's bf16 X: the kernel reads half the bytes; the XLA path widens it, exactly)."""
   xp = pad_axis_to_multiple(x_src, 0, OUTER_BLOCK)  # [Mp, K']
   return _quantize_rht(xp, 6, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0,
-                       backend=recipe.backend)  # canonical [K', Mp]
+                       backend=recipe.backend, operand=operand)  # canonical [K', Mp]
 
 
-def _wgrad_x_from_codes(x_fwd, m: int, recipe: Recipe, keys: _Keys) -> NVFP4Tensor | None:
+def _wgrad_x_from_codes(x_fwd, m: int, recipe: Recipe, keys: _Keys,
+                        operand: bool = False) -> NVFP4Tensor | NVFP4Operand | None:
   """Q6 of X_hat = the forward's Q1 read from its codes where the kernel runs (`backward_requantize`):
   the same codes as `_wgrad_x_operand(X_hat)`; None elsewhere."""
   cfg = recipe.quantizers[5]
   if not (isinstance(x_fwd, NVFP4Tensor) and cfg.enabled and recipe.rht_wgrad and recipe.scaling == "block"):
     return None
   return gemm_lib.backward_requantize(x_fwd, m, keys.rht_dw, keys.q[5], rounding=cfg.rounding,
-                                      backend=recipe.backend)
+                                      backend=recipe.backend, operand=operand)
 
 
 def _w_hat(kernel: jax.Array, split: ChannelSplit | None, recipe: Recipe, keys: _Keys) -> jax.Array:
@@ -304,25 +306,30 @@ class _BackwardOperands(NamedTuple):
   b6: Any  # Q6(H X^T)     [K', Mp] along tokens
 
 
-def _backward_operands(recipe: Recipe, res: _Residuals, dy) -> _BackwardOperands:
-  """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect)."""
+def _backward_operands(recipe: Recipe, res: _Residuals, dy, gemm_operands: bool = False) -> _BackwardOperands:
+  """The FP4 operands of the two backward GEMMs (also what the stage-by-stage tests inspect).
+  gemm_operands: Q3, Q5 and Q6 as their Triton kernels' bf16 GEMM operands where those run
+  (`gemm.gemm_operands`), the same products with no decode pass; Q4 (a weight, the flat view) stays
+  codes."""
   keys = _split_keys(res.key, recipe)
   backend = recipe.backend
   # dY stays in its dtype (bf16): the fused quantizer reads half the bytes; the
   # XLA path widens it to float32 (exact).
   # dX = Q3(H dY) . Q4(H W^T), both along N; all FP4 even with OutControl.
   w_src = _w_hat(res.kernel, res.split, recipe, keys) if recipe.aligned_backward else res.kernel
-  a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, backend=backend)
+  a3 = _quantize_rht(dy, 3, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, backend=backend,
+                     operand=gemm_operands)
   b4 = _quantize_rht(w_src, 4, recipe, keys, keys.rht_dx, recipe.rht_dgrad, axis=-1, weight=True,
                      backend=backend)
   # dW = Q6(H X_hat^T) . Q5(H dY^T), both along tokens M (padded to 128).
   dyp = pad_axis_to_multiple(dy, 0, OUTER_BLOCK)  # [Mp, N]
-  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, backend=backend)
+  a5 = _quantize_rht(dyp, 5, recipe, keys, keys.rht_dw, recipe.rht_wgrad, axis=0, backend=backend,
+                     operand=gemm_operands)
   x_hat = None
   if recipe.aligned_backward:
     x_hat = _values(res.x_fwd)[:dy.shape[0]]  # [M, K'p]: K' zero-padded to 128 (zero rows of dW, cropped)
-    b6 = _wgrad_x_from_codes(res.x_fwd, dy.shape[0], recipe, keys)
-    b6 = _wgrad_x_operand(x_hat, recipe, keys) if b6 is None else b6  # else x_hat is unused and XLA drops it
+    b6 = _wgrad_x_from_codes(res.x_fwd, dy.shape[0], recipe, keys, gemm_operands)
+    b6 = _wgrad_x_operand(x_hat, recipe, keys, gemm_operands) if b6 is None else b6  # else XLA drops x_hat
   else:
     b6 = res.q6_pre
   return _BackwardOperands(w_src, x_hat, a3, b4, a5, b6)
@@ -333,7 +340,7 @@ def _backward(recipe: Recipe, res: _Residuals, dy):
   k, n = kernel.shape
   m = dy.shape[0]
   dy = _as_rounded(dy)  # for the FP4 operands and the MXFP8 outlier operand alike
-  ops = _backward_operands(recipe, res, dy)
+  ops = _backward_operands(recipe, res, dy, gemm_operands=gemm_lib.gemm_operands())
   backend = recipe.backend
   dx = gemm_nt(ops.a3, ops.b4, backend=backend, out_dtype=res.x_dtype.dtype)[:, :k]  # x's dtype, as the VJP returns
   dw_fp4 = gemm_nt(ops.b6, ops.a5, backend=backend, out_dtype=jnp.float32)  # [K'p, N]

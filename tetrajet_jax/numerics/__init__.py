@@ -7,7 +7,7 @@ from tetrajet_jax.numerics.e2m1 import (E2M1_GRID, E2M1_MAX, decode_e2m1, pack_e
 from tetrajet_jax.numerics.hadamard import hadamard_signs, inverse_random_hadamard_16, random_hadamard_16
 from tetrajet_jax.numerics.mxfp8 import (MXFP8Tensor, dequantize_mxfp8, dequantize_mxfp8_canonical,
                                          mxfp8_values, quantize_mxfp8)
-from tetrajet_jax.numerics.nvfp4 import (NVFP4Tensor, dequantize_nvfp4, dequantize_nvfp4_canonical,
+from tetrajet_jax.numerics.nvfp4 import (NVFP4Operand, NVFP4Tensor, dequantize_nvfp4, dequantize_nvfp4_canonical,
                                          nvfp4_bf16_operand, quantize_nvfp4, tensor_outer_scale)
 from tetrajet_jax.numerics.scales import div_rn, e8m0_exponent, round_to_e4m3
 

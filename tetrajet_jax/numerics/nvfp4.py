@@ -82,6 +82,30 @@ class NVFP4Tensor:
     return dequantize_nvfp4(self)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NVFP4Operand:
+  """A 1x16 block-scaled NVFP4 tensor in the form its GEMM reads, as a quantizer kernel can write
+  it in place of codes: values = q * s_in in bfloat16 (exact: at most 2 + 4 significant bits) and
+  the FP32 outer scales, in the canonical layout. The same numbers as the NVFP4Tensor of those
+  codes (`nvfp4_bf16_operand` of it); only a GEMM consumes it.
+
+  Fields:
+    values: bfloat16 [rows, Kp].
+    scale_outer: float32 [rows, Kp/128].
+    shape, axis: as NVFP4Tensor's (static).
+  """
+
+  values: jax.Array
+  scale_outer: jax.Array
+  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  axis: int = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+
 def _canonical_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
   return tuple(d for i, d in enumerate(shape) if i != axis) + (shape[axis],)
 
@@ -101,11 +125,13 @@ def _expand_scales(t: NVFP4Tensor) -> tuple[jax.Array, jax.Array]:
   return s_in, s_out
 
 
-def dequantize_nvfp4_canonical(t: NVFP4Tensor, dtype=jnp.float32) -> jax.Array:
+def dequantize_nvfp4_canonical(t: NVFP4Tensor | NVFP4Operand, dtype=jnp.float32) -> jax.Array:
   """Dequantized values in the padded canonical layout (quantized axis last).
 
   This is the operand a GEMM consumes: no crop, no transpose.
   """
+  if isinstance(t, NVFP4Operand):
+    return (t.values.astype(jnp.float32) * jnp.repeat(t.scale_outer, OUTER_BLOCK, axis=-1)).astype(dtype)
   q = decode_e2m1(unpack_e2m1(t.codes))
   s_in, s_out = _expand_scales(t)
   return ((q * s_in) * s_out).astype(dtype)
@@ -270,7 +296,7 @@ def _quantize_nvfp4(x, key, *, axis, rounding, scaling, block_2d, check) -> NVFP
       shape=shape, axis=axis, scaling=scaling, block_2d=block_2d)
 
 
-def nvfp4_bf16_operand(t: NVFP4Tensor) -> tuple[jax.Array, jax.Array]:
+def nvfp4_bf16_operand(t: NVFP4Tensor | NVFP4Operand) -> tuple[jax.Array, jax.Array]:
   """Splits t into an exact bf16 operand and its FP32 outer scales.
 
   q * s_in has at most 2 + 4 significant bits and an E4M3-sized exponent, so
@@ -279,8 +305,10 @@ def nvfp4_bf16_operand(t: NVFP4Tensor) -> tuple[jax.Array, jax.Array]:
   Only for 1-D block scaling or tensor scaling.
 
   Returns:
-    (qs_bf16 [..., Kp] in canonical layout, scale_outer).
+    (qs_bf16 [..., Kp] in canonical layout, scale_outer); an NVFP4Operand's own fields.
   """
+  if isinstance(t, NVFP4Operand):
+    return t.values, t.scale_outer
   if t.block_2d and t.scaling == "block":
     raise ValueError("nvfp4_bf16_operand: 2-D block-scaled tensors have 128x128 outer tiles; "
                      "dequantize them instead.")
