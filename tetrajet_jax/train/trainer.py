@@ -19,14 +19,12 @@ default; every placement rule is in `tetrajet_jax.train.sharding`), and the
 state is donated. On several processes (`tetrajet_jax.train.distributed`)
 each one reads its own shard of the data (grain, sharded by process index)
 and contributes its rows of every global batch; only process 0 writes
-metrics, config.json and the progress bar, all processes write their shards
-of each checkpoint.
+metrics, config.json and the progress bar; all write their checkpoint shards.
 
 Host loop: the metrics of step ``s`` are read after step ``s + 1`` has been
 dispatched, so the device is never idle waiting on the host. Before every
 checkpoint the newest step's metrics are checked, so no non-finite state is
-ever saved; a NaN/Inf loss, gradient or parameter norm stops the run with
-`NonFiniteLossError` naming the step and the last good checkpoint.
+ever saved; a NaN/Inf loss, gradient or parameter norm stops the run with `NonFiniteLossError`.
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ __all__ = ["NonFiniteLossError", "TrainConfig", "TrainData", "TrainResult", "Tra
 
 
 class NonFiniteLossError(RuntimeError):
-  """The loss, gradient norm or parameter norm became NaN/Inf."""
+  """The loss, gradient or parameter norm became NaN/Inf; the message names the step and last good checkpoint."""
 
 
 class Trainer:
@@ -276,7 +274,8 @@ class Trainer:
     `platforms` (default: this backend) and each handed to `on_lowered` at once: the train step of each
     OutControl phase (with its oscillation step per OsciReset window phase its updates meet), the
     validation pass of each phase it evaluates in, and the final phase's forward (`logits_fn`) at
-    ``logits_shapes`` (e.g. downstream scoring's length buckets). evaluation=False: train steps only."""
+    ``logits_shapes`` (e.g. downstream scoring's length buckets). evaluation=False: train steps only.
+    Every phase's train step is lowered first: its XLA compile, the longest, then runs beside the rest's."""
     cfg = self.config
     spec = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32, sharding=self._batch_sharding)
     batch = {"inputs": spec, "targets": spec}
@@ -293,29 +292,25 @@ class Trainer:
     val_batch = sharding_lib.global_batch(
         {k: v for k, v in next(iter(ds)).items() if k in ("inputs", "targets", "weights")}, self.mesh)
     params, model_vars, rep = self.state["params"], self.state["model"], sharding_lib.replicated(self.mesh)
-    graphdef, lowered = self._graphdef, {}  # keyed by (kind, graph): phases that run one graph share it
-    def lower(key, fn, *args):
+    graphdef, calls = self._graphdef, []  # (key, jitted function, arguments); a key is (kind, graph)
+    try:
+      for phase in phases:
+        g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
+        updates = step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase]))
+        calls += [((kind, g), fn, args) for kind, fn, args in updates]
+        if evaluation and phase in eval_phases:
+          calls.append((("eval", g), self._eval_fn(), (params, model_vars, val_batch, tb)))
+        tokens = [jax.ShapeDtypeStruct(s, jnp.int32, sharding=rep) for s in logits_shapes]
+        calls += [(("logits", t.shape), self._logits_jit(), (params, model_vars, t))
+                  for t in (tokens if evaluation and phase == final_phase else ())]
+    finally:
+      self._graphdef = graphdef
+    lowered = {}  # phases that run one graph share its functions
+    for key, fn, args in sorted(calls, key=lambda call: call[0][0] != "train"):
       if key not in lowered:
         lowered[key] = fn.trace(*args).lower(lowering_platforms=tuple(platforms) if platforms else None)
         if on_lowered is not None:
           on_lowered(lowered[key])
-    try:
-      # Every phase's train step first: its XLA compile, the longest, then runs beside the rest's lowering.
-      for train_steps in (True, False):
-        for phase in phases:
-          g = self._graphdef = graphdef if phase == self._phase else self._phase_graphdef(phase)
-          for kind, fn, args in step_lib.update_calls(self._update_fns(), self.state, batch, list(phases[phase])):
-            if (kind == "train") == train_steps:
-              lower((kind, g), fn, *args)
-          if train_steps:
-            continue
-          if evaluation and phase in eval_phases:
-            lower(("eval", g), self._eval_fn(), params, model_vars, val_batch, tb)
-          for shape in (logits_shapes if evaluation and phase == final_phase else ()):
-            lower(("logits", shape), self._logits_jit(), params, model_vars,
-                  jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep))
-    finally:
-      self._graphdef = graphdef
     return list(phases), lowered
 
   def logits_fn(self) -> Callable[[jax.Array], jax.Array]:
