@@ -119,8 +119,11 @@ def test_lowering_section_lowers_whole_steps_with_their_kernels(monkeypatch):
   assert fp4["step"] == "tiny/tetrajet_v2" and fp4["lower_s"] > 0
   assert 0 < fp4["mosaic_modules"] <= fp4["mosaic_calls"]
   assert bf16["mosaic_calls"] == 0
-  # The update's first half, and its second half in each of the three window phases the run meets.
+  # The update's first half, and its second half in each of the three window phases the run meets;
+  # the first half (the train step) lowered first, and when each ended.
   assert fp4["phases"] == ["fp4"] and fp4["functions"] == 4
+  assert [kind for kind, _ in fp4["lowered_at_s"]][0] == "train" and len(fp4["lowered_at_s"]) == 4
+  assert 0 < fp4["train_steps_lowered_s"] == fp4["lowered_at_s"][0][1] < fp4["lowered_at_s"][-1][1] <= fp4["lower_s"]
   assert (f"| tiny/tetrajet_v2 | mosaic | on | 4 | {fp4['lower_s']:.1f} | {fp4['mosaic_modules']} "
           f"| {fp4['mosaic_calls']} | 0 |") in lowering.table(result)
   if jax.default_backend() == "cpu":
