@@ -62,7 +62,7 @@ def load_decoded_columns(codes_ref, s_in_ref, s_out_ref, signs_ref) -> list[jax.
                           for j in range(INNER_BLOCK)])
 
 
-@jax.jit
+@jax.jit  # traced once per tile shape, as the kernels' other array steps (nvfp4_quantize_triton)
 def _decode_columns(loaded: list[tuple[jax.Array, ...]]) -> list[jax.Array]:
   """`load_decoded_columns` of the loaded slices: per element j of the blocks, the packed codes
   [8, bm/2], inner scales [8, bm/16], outer scales [8] and the sign."""

@@ -389,9 +389,9 @@ def _check_nvfp4(t: NVFP4Tensor | NVFP4Operand, name: str, which: str):
 
 
 @_platform.one_lowering_per_instance("out_dtype", "config", "k_splits", "interpret")
-def nvfp4_gemm(a: NVFP4Tensor | NVFP4Operand, b: NVFP4Tensor | NVFP4Operand, *, extra: tuple[jax.Array, jax.Array] | None = None,
-               out_dtype=jnp.bfloat16, config: GemmConfig = DEFAULT_CONFIG, k_splits: int | None = None,
-               interpret: bool = False) -> jax.Array:
+def nvfp4_gemm(a: NVFP4Tensor | NVFP4Operand, b: NVFP4Tensor | NVFP4Operand, *,
+               extra: tuple[jax.Array, jax.Array] | None = None, out_dtype=jnp.bfloat16,
+               config: GemmConfig = DEFAULT_CONFIG, k_splits: int | None = None, interpret: bool = False) -> jax.Array:
   """a_hat @ b_hat^T in the canonical layout: C[i, j] = sum_k A[i, k] B[j, k].
 
   a and b are 2-D NVFP4Tensors, or NVFP4Operands (a quantizer kernel's bf16
