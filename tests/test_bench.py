@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -239,6 +240,19 @@ def test_backward_quantizer_jobs_check_then_time(interpreted_kernels):
   assert "pallas rht+sr bfloat16 axis=0 lane semantics" in names
   assert "pallas rht+sr float32 axis=0 tiles from registers (unrolled, larger module)" in names
   assert "pallas rht+sr bfloat16 axis=-1 division=hardware (timing only, inexact)" in names
+
+
+def test_operand_rows_check_the_kernel_against_the_decode_bitwise():
+  """The operand kernel's row is timed only if its values and outer scales are bitwise the decoded
+  codes': one flipped bit, a missing reference or another dtype is reported as a mismatch."""
+  x = jnp.zeros((64, 256), jnp.float32)
+  decoded, operand = quantizers._operand_jobs(x, "float32", (64, 256), -1, jnp.ones((16,)), None, None)
+  values, s_out = jnp.ones((64, 256), jnp.bfloat16), jnp.ones((64, 2), jnp.float32)
+  out = types.SimpleNamespace(values=values, scale_outer=s_out)
+  assert operand.check(out, {decoded.key: (values, s_out)}) is None
+  flipped = values.view(jnp.uint16).at[3, 7].add(1).view(jnp.bfloat16)
+  for outs in ({decoded.key: (flipped, s_out)}, {decoded.key: (values.astype(jnp.float32), s_out)}, {}):
+    assert operand.check(out, outs).startswith("MISMATCH")
 
 
 def test_failed_checks_are_reported_and_not_timed(rng, interpreted_kernels):
