@@ -53,12 +53,13 @@ def test_kernel_times_needs_a_gpu_plane(tmp_path):
   with jax.profiler.trace(str(tmp_path)):
     f(x).block_until_ready()
   [xspace] = glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True)
+  trace = jax.profiler.ProfileData.from_file(xspace)
   if jax.default_backend() == "gpu":
-    by_op, busy, lines = step_profile.kernel_times(xspace)
+    by_op, busy, lines = step_profile.kernel_times(trace)
     assert by_op and busy > 0 and any(n.startswith("Stream") for n in lines)
   else:
     with pytest.raises(RuntimeError, match="no GPU plane"):
-      step_profile.kernel_times(xspace)
+      step_profile.kernel_times(trace)
 
 
 def test_bad_arguments_are_refused_before_any_work():

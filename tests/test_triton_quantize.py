@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -300,6 +301,10 @@ def test_triton_isa_bench_lowers_each_kernel_to_one_triton_module():
   row = dict(name="k", sass=640, elements_per_thread=32, convert_layouts=2, shared_bytes=128, registers=56,
              spill_bytes=0, sass_by_class=dict(SHFL=6, BAR=3, CALL=10))
   assert triton_isa.table({"rows": [row]}).splitlines()[-1] == "| k | 20 | 2 | 128 | 56 | 0 | 6 | 3 | 10 |"
+  for bad in ("16x2x2", "16", "16xw"):  # refused before anything is lowered or compiled
+    with pytest.raises(SystemExit) as e:
+      triton_isa.main(["--triton-python", sys.executable, "--tilings", f"32x4,{bad}"])
+    assert e.value.code == 2
 
 
 @pytest.mark.gpu

@@ -36,18 +36,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 
-from experiments.bench.timing import commit_id, write_result
+from experiments.bench.timing import commit_id, profiled, write_result
 from tetrajet_jax import kernels
 from tetrajet_jax.kernels import _lowering_cache, _platform
 from tetrajet_jax.model import CONFIGS
@@ -100,16 +97,12 @@ def traced_compile(lowered: dict, top: int = 40) -> tuple[dict[str, float], list
   the `top` host-trace events with the most summed time: name, count, seconds, threads). Events
   nest (a pass inside its pipeline), so their seconds overlap; threads run at once, so a name's
   seconds can exceed the wall time."""
-  trace_dir = tempfile.mkdtemp(prefix="tetrajet_compile_")
   seconds = {}
-  try:
-    with jax.profiler.trace(trace_dir):
-      for key, low in lowered.items():
-        seconds[str(key)] = _seconds(low.compile)
-    [xspace] = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    data = jax.profiler.ProfileData.from_file(xspace)
-  finally:
-    shutil.rmtree(trace_dir, ignore_errors=True)
+
+  def compile_each():
+    for key, low in lowered.items():
+      seconds[str(key)] = _seconds(low.compile)
+  _, data = profiled(compile_each, "tetrajet_compile_")
   total, count, threads = collections.Counter(), collections.Counter(), collections.defaultdict(set)
   for plane in data.planes:
     if not plane.name.startswith("/host:"):

@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from experiments.bench import train_steps
-from experiments.bench.timing import commit_id, device_name, write_result
+from experiments.bench.timing import commit_id, device_name, profiled, write_result
 from tetrajet_jax.linear import recipes
 from tetrajet_jax.model import CONFIGS
 from tetrajet_jax.train.arms import ARMS
@@ -163,13 +163,12 @@ def _busy_ns(intervals: list[tuple[float, float]]) -> float:
   return total
 
 
-def kernel_times(xspace_path: str) -> tuple[dict[str, float], float, list[str]]:
-  """({hlo op or kernel name: summed ns}, busy ns, GPU plane's line names) of a profiler trace."""
-  import jax.profiler
-  data = jax.profiler.ProfileData.from_file(xspace_path)
+def kernel_times(data) -> tuple[dict[str, float], float, list[str]]:
+  """({hlo op or kernel name: summed ns}, busy ns, GPU plane's line names) of a profiler trace
+  (`jax.profiler.ProfileData`)."""
   plane = next((p for p in data.planes if p.name.startswith("/device:GPU")), None)
   if plane is None:
-    raise RuntimeError(f"no GPU plane in {xspace_path}: planes {[p.name for p in data.planes]}")
+    raise RuntimeError(f"no GPU plane in the trace: planes {[p.name for p in data.planes]}")
   by_op: dict[str, float] = collections.defaultdict(float)
   intervals, line_names = [], []
   for line in plane.lines:
@@ -211,20 +210,11 @@ def attribute(by_op: dict[str, float], modules: dict[str, dict[str, dict]], step
 
 def measure(spec: dict) -> dict:
   """The worker: compile with the HLO dump on (set by the parent), profile the steps, attribute the time."""
-  import jax
   trainer = train_steps.bench_trainer(spec)
   trainer.precompile(evaluation=False)
   trainer.train(spec["warmup"])
-  trace_dir = tempfile.mkdtemp(prefix="tetrajet_profile_")
-  t0 = time.perf_counter()
-  with jax.profiler.trace(trace_dir):
-    trainer.train(spec["steps"])
-  wall_s = time.perf_counter() - t0
-  [xspace] = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-  try:
-    by_op, busy_ns, line_names = kernel_times(xspace)
-  finally:
-    shutil.rmtree(trace_dir, ignore_errors=True)
+  wall_s, trace = profiled(lambda: trainer.train(spec["steps"]), "tetrajet_profile_")
+  by_op, busy_ns, line_names = kernel_times(trace)
   modules = {}
   paths = [p for name in STEP_FUNCTIONS
            for p in glob.glob(os.path.join(spec["dump_dir"], f"*jit_{name}*after_optimizations.txt"))]

@@ -8,13 +8,17 @@ reported as a ratio to a baseline timed in the same process.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +80,21 @@ def time_fn(fn, *args, reps: int = 15, inner: int = 10, loop=None) -> float:
     jax.block_until_ready(loop(*args))
     samples.append((time.perf_counter() - t0) / inner)
   return statistics.median(samples)
+
+
+def profiled(fn: Callable[[], object], prefix: str) -> tuple[float, jax.profiler.ProfileData]:
+  """Runs fn() under `jax.profiler`, tracing into a scratch directory that is removed after:
+  (fn's wall seconds, the trace)."""
+  trace_dir = tempfile.mkdtemp(prefix=prefix)
+  try:
+    t0 = time.perf_counter()
+    with jax.profiler.trace(trace_dir):
+      fn()
+    wall_s = time.perf_counter() - t0
+    [xspace] = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    return wall_s, jax.profiler.ProfileData.from_file(xspace)
+  finally:
+    shutil.rmtree(trace_dir, ignore_errors=True)
 
 
 def commit_id(tree: str | os.PathLike | None = None) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
                   help="rows per program x warps, comma-separated")
   ap.add_argument("--out", default="", help="write the result JSON here")
   args = ap.parse_args(argv)
+  bad = [t for t in args.tilings.split(",") if not re.fullmatch(r"\d+x\d+", t)]
+  if bad:
+    ap.error(f"--tilings: {bad} are not ROWSxWARPS (e.g. 32x4)")
   import jax  # noqa: PLC0415
 
   tilings = [tuple(int(v) for v in t.split("x")) for t in args.tilings.split(",")]

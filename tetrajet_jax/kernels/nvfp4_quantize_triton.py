@@ -176,7 +176,7 @@ def _quantize_elements(xs: list[jax.Array], hashes: list[jax.Array] | None, inte
   s_in = quotient.astype(jnp.float8_e4m3fn).astype(jnp.float32)
   s_in = jnp.where(s_in == 0.0, E4M3_MIN_SUBNORMAL, s_in)
   recip = reciprocal_rn(s_in * s_out_b, interpret=interpret, ptx=_ptx_f32)  # r = fp32(1 / s), once per block
-  words, values = [jnp.zeros(shape, jnp.uint32) for _ in range(2)], []
+  words, values = ([] if operand else [jnp.zeros(shape, jnp.uint32) for _ in range(2)]), []
   for j, x in enumerate(xs):
     v = _scaled_magnitude(x, recip, interpret)
     idx = nearest_index(v) if hashes is None else stochastic_index(v, (high_bits if j % 2 else low_bits)(hashes[j // 2]))
